@@ -1,0 +1,70 @@
+"""A character-level tokenizer and a tiny Qwen2 model that the package builds itself, with no download.
+
+They serve the embedded default (`train.py` with no model) and the test-suite: every printable ASCII character and
+the newline is one token, so any text round-trips exactly and sequence lengths are easy to reason about.
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
+CHARACTERS = tuple(string.printable[:95]) + ("\n",)  # digits, letters, punctuation, space, newline
+
+# A chat template so conversational datasets work too; the generation prompt is a plain "A:" line.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n"
+    "{% elif message['role'] == 'user' %}Q: {{ message['content'] }}\n"
+    "{% else %}A: {{ message['content'] }}<eos>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Returns the character-level tokenizer (vocabulary of 100 tokens: 4 special, 96 characters)."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
+    hf_tokenizer.chat_template = CHAT_TEMPLATE
+    return hf_tokenizer
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 512,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """Returns a randomly initialised Qwen2 causal LM sized for `tokenizer` (about 0.1M parameters by default)."""
+    import torch
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    with torch.random.fork_rng():  # building the model must not move the caller's RNG
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
