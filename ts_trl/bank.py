@@ -1,0 +1,240 @@
+"""The seed bank: every rollout the run has produced, kept in compact arrays and sampled per prompt.
+
+Token ids (int32) and behaviour log-probs (float32) live in a few large chunks rather than in Python lists, so a
+bank of 10^5 rollouts x 512 tokens costs about 0.4 GB. Per-rollout metadata are parallel NumPy arrays; each prompt
+keeps the positions of its rollouts so `sample` costs time in the rollouts of that prompt, not in the bank's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
+EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One generated response, as written to the seed dataset (one Parquet row)."""
+
+    rollout_id: str
+    prompt_id: str
+    prompt: str
+    completion: str
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
+    reward: float
+    step: int
+    prefix_len: int = 0
+    seed_origin: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)  # per reward function
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A stored rollout handed out for seeding."""
+
+    index: int
+    rollout_id: str
+    prompt_id: str
+    completion_ids: np.ndarray
+    logprobs: np.ndarray
+    reward: float
+    step: int
+
+
+class _ChunkedArray:
+    """An append-only store of variable-length rows in a few contiguous chunks (no per-row Python objects)."""
+
+    def __init__(self, dtype, first_chunk: int = 1 << 16, max_chunk: int = 1 << 24):
+        self.dtype = np.dtype(dtype)
+        self.chunks: list[np.ndarray] = []
+        self.used = 0  # tokens used in the last chunk
+        self.next_size = first_chunk
+        self.max_chunk = max_chunk
+
+    def append(self, values: np.ndarray) -> tuple[int, int]:
+        n = len(values)
+        if not self.chunks or self.used + n > len(self.chunks[-1]):
+            size = max(self.next_size, n)
+            self.chunks.append(np.empty(size, dtype=self.dtype))
+            self.next_size = min(self.next_size * 2, self.max_chunk)
+            self.used = 0
+        start = self.used
+        self.chunks[-1][start : start + n] = values
+        self.used += n
+        return len(self.chunks) - 1, start
+
+    def get(self, chunk: int, start: int, length: int) -> np.ndarray:
+        return self.chunks[chunk][start : start + length]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+
+class _GrowableColumn:
+    """A NumPy column with amortised appends."""
+
+    def __init__(self, dtype, capacity: int = 1024):
+        self.data = np.empty(capacity, dtype=dtype)
+        self.size = 0
+
+    def append(self, value) -> None:
+        if self.size == len(self.data):
+            self.data = np.resize(self.data, 2 * len(self.data))
+        self.data[self.size] = value
+        self.size += 1
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.data[: self.size]
+
+
+class SeedBank:
+    """Stores rollouts and hands out seeds: earlier rollouts of a prompt that the current policy may restart from.
+
+    A rollout is eligible as a seed at step `t` when it was generated at a step `<= t - min_age`, has at least two
+    tokens (one to keep as prefix, one to cut away), and, with `snapshot_only`, is already part of a written snapshot.
+    Rollouts loaded from another run's seed dataset are always old enough.
+    """
+
+    def __init__(self):
+        self._ids = _ChunkedArray(np.int32)
+        self._logps = _ChunkedArray(np.float32)
+        self._chunk = _GrowableColumn(np.int32)
+        self._start = _GrowableColumn(np.int64)
+        self._length = _GrowableColumn(np.int32)
+        self._step = _GrowableColumn(np.int32)  # EXTERNAL_STEP for rollouts of another run
+        self._reward = _GrowableColumn(np.float32)
+        self.rollout_ids: list[str] = []
+        self.prompt_ids: list[str] = []
+        self._by_prompt: dict[str, list[int]] = {}
+        self._by_rollout_id: dict[str, int] = {}
+        self.num_snapshotted = 0  # rollouts [0, num_snapshotted) are in a written snapshot (or external)
+
+    def __len__(self) -> int:
+        return len(self.rollout_ids)
+
+    def __contains__(self, rollout_id: str) -> bool:
+        return rollout_id in self._by_rollout_id
+
+    def add(
+        self,
+        rollout_id: str,
+        prompt_id: str,
+        completion_ids: Sequence[int],
+        logprobs: Sequence[float],
+        reward: float,
+        step: int,
+        external: bool = False,
+    ) -> int:
+        """Stores one rollout and returns its index; log-probs must align with the token ids."""
+        ids = np.asarray(completion_ids, dtype=np.int32)
+        logps = np.asarray(logprobs, dtype=np.float32)
+        if ids.shape != logps.shape:
+            raise ValueError(
+                f"Rollout {rollout_id!r} has {len(ids)} token ids but {len(logps)} log-probs; they must align."
+            )
+        if rollout_id in self._by_rollout_id:
+            raise ValueError(f"Rollout {rollout_id!r} is already in the seed bank.")
+        index = len(self.rollout_ids)
+        chunk, start = self._ids.append(ids)
+        self._logps.append(logps)  # same chunk sizes, hence the same (chunk, start)
+        self._chunk.append(chunk)
+        self._start.append(start)
+        self._length.append(len(ids))
+        self._step.append(EXTERNAL_STEP if external else step)
+        self._reward.append(np.nan if reward is None else reward)
+        self.rollout_ids.append(rollout_id)
+        self.prompt_ids.append(prompt_id)
+        self._by_prompt.setdefault(prompt_id, []).append(index)
+        self._by_rollout_id[rollout_id] = index
+        if external:
+            if index != self.num_snapshotted:
+                raise ValueError("Rollouts of another run must be loaded before this run's own rollouts.")
+            self.num_snapshotted += 1
+        return index
+
+    def add_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+        for r in rollouts:
+            self.add(r.rollout_id, r.prompt_id, r.completion_ids, r.logprobs, r.reward, r.step)
+
+    def mark_snapshotted(self) -> None:
+        """Records that every rollout stored so far is part of a written snapshot."""
+        self.num_snapshotted = len(self)
+
+    def get(self, index: int) -> Seed:
+        chunk, start, length = (
+            int(self._chunk.data[index]),
+            int(self._start.data[index]),
+            int(self._length.data[index]),
+        )
+        return Seed(
+            index=index,
+            rollout_id=self.rollout_ids[index],
+            prompt_id=self.prompt_ids[index],
+            completion_ids=self._ids.get(chunk, start, length),
+            logprobs=self._logps.get(chunk, start, length),
+            reward=float(self._reward.data[index]),
+            step=int(self._step.data[index]),
+        )
+
+    def lookup(self, rollout_id: str) -> Seed:
+        return self.get(self._by_rollout_id[rollout_id])
+
+    def eligible(self, prompt_id: str, step: int, min_age: int, snapshot_only: bool = True) -> np.ndarray:
+        """Indices of the rollouts of `prompt_id` that may seed a group at `step`."""
+        indices = np.asarray(self._by_prompt.get(prompt_id, ()), dtype=np.int64)
+        if len(indices) == 0:
+            return indices
+        keep = (self._step.data[indices] <= step - min_age) & (self._length.data[indices] >= 2)
+        if snapshot_only:
+            keep &= indices < self.num_snapshotted
+        return indices[keep]
+
+    def sample(
+        self,
+        prompt_ids: Sequence[str],
+        step: int,
+        rng: np.random.Generator,
+        selection: str = "uniform",
+        min_age: int = 1,
+        snapshot_only: bool = True,
+        pass_rates: dict[str, float] | None = None,
+    ) -> list[Seed | None]:
+        """Draws one seed per prompt (None where the prompt has no eligible seed) according to `selection`.
+
+        `passrate` steers each group toward a 50% pass rate: prompts the policy mostly fails (`pass_rates` < 0.5)
+        get successful seeds (reward > 0), prompts it mostly solves get failing ones; unknown prompts are uniform.
+        """
+        if selection not in SEED_SELECTIONS:
+            raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
+        seeds = []
+        for prompt_id in prompt_ids:
+            candidates = self.eligible(prompt_id, step, min_age, snapshot_only)
+            want = selection
+            if selection == "passrate":
+                rate = (pass_rates or {}).get(prompt_id)
+                want = "uniform" if rate is None else ("success" if rate < 0.5 else "failure")
+            if want == "success":
+                candidates = candidates[self._reward.data[candidates] > 0]
+            elif want == "failure":
+                candidates = candidates[~(self._reward.data[candidates] > 0)]
+            if len(candidates) == 0:
+                seeds.append(None)
+            elif want == "oldest":
+                steps = self._step.data[candidates]
+                seeds.append(self.get(int(candidates[np.argmin(steps)])))
+            else:
+                seeds.append(self.get(int(candidates[rng.integers(len(candidates))])))
+        return seeds
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (token ids, log-probs and per-rollout columns), excluding Python strings."""
+        columns = (self._chunk, self._start, self._length, self._step, self._reward)
+        return self._ids.nbytes + self._logps.nbytes + sum(c.data.nbytes for c in columns)

@@ -1,0 +1,120 @@
+"""`SeedGRPOConfig`: TRL's `GRPOConfig` plus the fields that control Thinking Seeds, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .bank import SEED_SELECTIONS
+from .cutting import PREFIX_MODES
+
+SEED_METHODS = ("none", "seeds", "replay")
+
+
+@dataclass
+class SeedGRPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`SeedGRPOTrainer`]: every [`~trl.GRPOConfig`] field, plus the ones below.
+
+    Parameters:
+        > Parameters that control seeding
+
+        seed_method (`str`, *optional*, defaults to `"seeds"`):
+            `"none"`: plain on-policy GRPO. `"seeds"`: Thinking Seeds, continue earlier rollouts cut at a length
+            ratio. `"replay"`: whole earlier rollouts join their prompt's group, trained with a truncated importance
+            ratio (the off-policy baseline).
+        seed_fraction (`float`, *optional*, defaults to `0.5`):
+            Share of prompt groups in a generation batch that are seeded, among those with an eligible seed.
+        cut_ratio_min (`float`, *optional*, defaults to `0.1`):
+            Lower bound of the length ratio `r`; the seed is cut at `k = floor(r * len(seed))`.
+        cut_ratio_max (`float`, *optional*, defaults to `0.9`):
+            Upper bound of the length ratio `r ~ U[cut_ratio_min, cut_ratio_max]`.
+        cut_at_newline (`bool`, *optional*, defaults to `False`):
+            Snap the cut to the nearest step boundary (the position after a token containing a newline).
+        prefix_mode (`str`, *optional*, defaults to `"state"`):
+            `"state"`: the prefix is context only, masked out of the loss (the method). `"action"`: prefix tokens
+            are trained too, with a truncated token-level importance ratio against their behaviour log-probs.
+        prefix_is_clip (`float`, *optional*, defaults to `2.0`):
+            Truncation of the prefix importance ratio in `"action"` mode (and of replayed rollouts' ratio).
+        seed_selection (`str`, *optional*, defaults to `"uniform"`):
+            Which eligible rollout of a prompt seeds its group: `"uniform"`, `"oldest"`, `"success"` (reward > 0),
+            `"failure"` (reward <= 0) or `"passrate"` (successful seeds for prompts the policy mostly fails,
+            failing seeds for prompts it mostly solves).
+        seed_min_age (`int`, *optional*, defaults to `1`):
+            A seed must have been generated at least this many optimizer steps before the step that uses it.
+        seed_snapshot_only (`bool`, *optional*, defaults to `True`):
+            Seed only from rollouts already written to a snapshot, i.e. from an earlier checkpoint.
+        seed_dataset (`str`, *optional*):
+            A seed dataset to start from: the output directory of an earlier run, its `seeds/` folder, or Parquet
+            shards. Must come from a tokenizer with the same vocabulary.
+        replay_per_group (`int`, *optional*, defaults to `1`):
+            With `seed_method="replay"`: how many of a group's `num_generations` slots are filled by old rollouts.
+    """
+
+    seed_method: str = field(
+        default="seeds",
+        metadata={
+            "help": "'none' (plain GRPO), 'seeds' (Thinking Seeds) or 'replay' (off-policy replay baseline).",
+            "choices": list(SEED_METHODS),
+        },
+    )
+    seed_fraction: float = field(
+        default=0.5, metadata={"help": "Share of prompt groups seeded in a batch, among those with an eligible seed."}
+    )
+    cut_ratio_min: float = field(default=0.1, metadata={"help": "Lower bound of the cut length ratio r."})
+    cut_ratio_max: float = field(default=0.9, metadata={"help": "Upper bound of the cut length ratio r."})
+    cut_at_newline: bool = field(default=False, metadata={"help": "Snap the cut to the nearest newline boundary."})
+    prefix_mode: str = field(
+        default="state",
+        metadata={
+            "help": "'state': prefix masked from the loss; 'action': prefix trained, IS-corrected.",
+            "choices": list(PREFIX_MODES),
+        },
+    )
+    prefix_is_clip: float = field(default=2.0, metadata={"help": "Truncation of the prefix importance ratio."})
+    seed_selection: str = field(
+        default="uniform",
+        metadata={
+            "help": "How a seed is picked among a prompt's eligible rollouts.",
+            "choices": list(SEED_SELECTIONS),
+        },
+    )
+    seed_min_age: int = field(default=1, metadata={"help": "Minimum age (optimizer steps) of a seed."})
+    seed_snapshot_only: bool = field(
+        default=True, metadata={"help": "Seed only from rollouts already in a written snapshot (earlier checkpoint)."}
+    )
+    seed_dataset: str | None = field(
+        default=None, metadata={"help": "Seed dataset to start from: a run's output_dir, its seeds/ folder or shards."}
+    )
+    replay_per_group: int = field(
+        default=1, metadata={"help": "seed_method='replay': group slots filled by old rollouts."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seed_method not in SEED_METHODS:
+            raise ValueError(f"seed_method must be one of {SEED_METHODS}, got {self.seed_method!r}.")
+        if self.prefix_mode not in PREFIX_MODES:
+            raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}, got {self.prefix_mode!r}.")
+        if self.seed_selection not in SEED_SELECTIONS:
+            raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {self.seed_selection!r}.")
+        if not 0.0 <= self.seed_fraction <= 1.0:
+            raise ValueError(f"seed_fraction must lie in [0, 1], got {self.seed_fraction}.")
+        for name in ("cut_ratio_min", "cut_ratio_max"):
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"{name} must lie strictly between 0 and 1, got {value}.")
+        if self.cut_ratio_min > self.cut_ratio_max:
+            raise ValueError(
+                f"cut_ratio_min ({self.cut_ratio_min}) must not exceed cut_ratio_max ({self.cut_ratio_max})."
+            )
+        if self.prefix_is_clip <= 0:
+            raise ValueError(f"prefix_is_clip must be positive, got {self.prefix_is_clip}.")
+        if self.seed_min_age < 0:
+            raise ValueError(f"seed_min_age must be >= 0, got {self.seed_min_age}.")
+        if self.seed_method == "replay" and not 1 <= self.replay_per_group < self.num_generations:
+            raise ValueError(
+                f"replay_per_group must lie in [1, num_generations) = [1, {self.num_generations}), "
+                f"got {self.replay_per_group}."
+            )

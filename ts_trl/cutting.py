@@ -1,0 +1,113 @@
+"""Pure functions of Thinking Seeds: where to cut a seed, how to splice it after a prompt, how to weight its tokens.
+
+Nothing here touches trainer state, so every rule of DESIGN.md's invariants 3-5 is unit-tested with hand-written
+token lists. The trainer calls these and nothing else to cut, splice and mask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+PREFIX_MODES = ("state", "action")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a seed is cut: its first `k` tokens become the prefix the current policy continues from."""
+
+    k: int
+    ratio: float  # the drawn length ratio r, before clipping and snapping
+
+
+@dataclass(frozen=True)
+class Splice:
+    """A prompt with a seed prefix spliced after it, and the loss mask of the prefix tokens."""
+
+    prompt_ids: list[int]  # prompt + prefix: what the generation backend continues from
+    prefix_ids: list[int]
+    prefix_mask: list[int]  # 0 per prefix token in "state" mode (context only), 1 in "action" mode (trained)
+
+
+def max_cut(seed_ids: Sequence[int], eos_token_ids: Collection[int], budget: int) -> int:
+    """The largest admissible `k`: below the seed's length, before its first EOS, leaving >= 1 token of budget."""
+    limit = min(len(seed_ids) - 1, budget - 1)
+    for position, token in enumerate(seed_ids[: limit + 1]):
+        if token in eos_token_ids:
+            return min(limit, position)
+    return limit
+
+
+def choose_cut(
+    seed_ids: Sequence[int],
+    ratio: float,
+    eos_token_ids: Collection[int],
+    budget: int,
+    boundary_token_ids: Collection[int] | None = None,
+) -> Cut | None:
+    """Cuts `seed_ids` at `k = floor(ratio * len(seed))`, clipped to `1 <= k <= max_cut`; None if no cut exists.
+
+    With `boundary_token_ids` (e.g. the ids of tokens that contain a newline), `k` snaps to the nearest step
+    boundary, i.e. a position right after such a token, when one lies within the admissible range.
+    """
+    upper = max_cut(seed_ids, eos_token_ids, budget)
+    if upper < 1:
+        return None
+    k = min(max(math.floor(ratio * len(seed_ids)), 1), upper)
+    if boundary_token_ids:
+        boundaries = [i + 1 for i, token in enumerate(seed_ids[:upper]) if token in boundary_token_ids]
+        if boundaries:
+            k = min(boundaries, key=lambda b: (abs(b - k), b))
+    return Cut(k=k, ratio=ratio)
+
+
+class SeedCollator:
+    """The one place that splices a cut seed after a prompt and builds the prefix loss mask."""
+
+    def __init__(self, prefix_mode: str = "state"):
+        if prefix_mode not in PREFIX_MODES:
+            raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}, got {prefix_mode!r}.")
+        self.prefix_mode = prefix_mode
+
+    def __call__(self, prompt_ids: Sequence[int], seed_ids: Sequence[int], cut: Cut) -> Splice:
+        if not 1 <= cut.k < len(seed_ids):
+            raise ValueError(f"A cut must satisfy 1 <= k < len(seed) = {len(seed_ids)}, got k = {cut.k}.")
+        prefix_ids = list(seed_ids[: cut.k])
+        trained = 1 if self.prefix_mode == "action" else 0
+        return Splice(prompt_ids=list(prompt_ids) + prefix_ids, prefix_ids=prefix_ids, prefix_mask=[trained] * cut.k)
+
+    @staticmethod
+    def response(splice: Splice, continuation_ids: Sequence[int], budget: int) -> tuple[list[int], list[int]]:
+        """Joins prefix and continuation into the response, truncating the continuation to the budget left.
+
+        Returns the response ids and their loss mask (the prefix mask, then 1 for every generated token).
+        """
+        continuation = list(continuation_ids[: max(budget - len(splice.prefix_ids), 0)])
+        return splice.prefix_ids + continuation, splice.prefix_mask + [1] * len(continuation)
+
+
+def prefix_importance_weights(
+    current_logps: torch.Tensor, behaviour_logps: torch.Tensor, prefix_mask: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """Per-token weights `min(exp(logp_current - logp_behaviour), clip)` on prefix tokens and 1 elsewhere.
+
+    Used in `prefix_mode="action"`: prefix tokens were sampled by an earlier policy, so their policy-gradient term is
+    reweighted by a truncated token-level importance ratio (as TRL does for vLLM sampling mismatch).
+    """
+    ratio = torch.exp((current_logps - behaviour_logps).clamp(max=math.log(clip))).clamp(max=clip)
+    return torch.where(prefix_mask.bool(), ratio, torch.ones_like(ratio))
+
+
+def boundary_token_ids(tokenizer, marker: str = "\n") -> frozenset[int]:
+    """The ids of vocabulary tokens whose text contains `marker` (step boundaries for `cut_at_newline`)."""
+    ids = range(len(tokenizer))
+    texts = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+    return frozenset(i for i, text in zip(ids, texts) if marker in text)
+
+
+def draw_ratio(rng: np.random.Generator, low: float, high: float) -> float:
+    return float(rng.uniform(low, high)) if high > low else float(low)

@@ -1,0 +1,256 @@
+"""The seed dataset on disk: Parquet shards written atomically at each checkpoint, a manifest, and their loading.
+
+Layout of a run's output directory::
+
+    seeds/manifest.json            run id, model, tokenizer fingerprint, and the list of shards
+    seeds/step-000100.parquet      the rollouts generated since the previous snapshot, one row each
+    checkpoint-100/seed_snapshot.json   which shards (and how many rows) the bank held at that checkpoint
+
+A shard is written to a temporary file, flushed and renamed, then the manifest is replaced the same way, so a crash
+at any moment leaves either the previous or the new snapshot readable, never a torn one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from transformers import TrainerCallback
+
+from .bank import Rollout, SeedBank
+
+if TYPE_CHECKING:
+    from .trainer import SeedGRPOTrainer
+
+SEEDS_DIR = "seeds"
+MANIFEST = "manifest.json"
+CHECKPOINT_POINTER = "seed_snapshot.json"
+MANIFEST_FORMAT = 1
+REQUIRED_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")
+
+
+def shard_name(step: int) -> str:
+    return f"step-{step:06d}.parquet"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary (token -> id), equal for tokenizers that map text to the same ids."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Writes `data` to `path` through a flushed temporary file and a rename, so readers never see a partial file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, payload: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+
+
+def rollouts_to_table(
+    rollouts: Sequence[Rollout], checkpoint: str, model: str, tokenizer: str, reward_names: Sequence[str]
+) -> pa.Table:
+    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects)."""
+    lengths = np.fromiter((len(r.completion_ids) for r in rollouts), dtype=np.int32, count=len(rollouts))
+    offsets = np.zeros(len(rollouts) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat_ids = np.concatenate([np.asarray(r.completion_ids, np.int32) for r in rollouts] or [np.zeros(0, np.int32)])
+    flat_logps = np.concatenate([np.asarray(r.logprobs, np.float32) for r in rollouts] or [np.zeros(0, np.float32)])
+    columns = {
+        "rollout_id": pa.array([r.rollout_id for r in rollouts], pa.string()),
+        "prompt_id": pa.array([r.prompt_id for r in rollouts], pa.string()),
+        "prompt": pa.array([r.prompt for r in rollouts], pa.string()),
+        "completion": pa.array([r.completion for r in rollouts], pa.string()),
+        "completion_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
+        "logprobs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_logps)),
+        "reward": pa.array([r.reward for r in rollouts], pa.float32()),
+    }
+    for name in reward_names:
+        columns[f"reward_{name}"] = pa.array([r.rewards.get(name) for r in rollouts], pa.float32())
+    columns |= {
+        "step": pa.array([r.step for r in rollouts], pa.int32()),
+        "checkpoint": pa.array([checkpoint] * len(rollouts), pa.string()),
+        "prefix_len": pa.array([r.prefix_len for r in rollouts], pa.int32()),
+        "seed_origin": pa.array([r.seed_origin for r in rollouts], pa.string()),
+        "model": pa.array([model] * len(rollouts), pa.string()),
+        "tokenizer": pa.array([tokenizer] * len(rollouts), pa.string()),
+    }
+    return pa.table(columns)
+
+
+def write_shard(table: pa.Table, path: Path) -> None:
+    """Writes one shard atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class SeedManifest:
+    """The list of shards of a run's seed dataset (`seeds/manifest.json`), replaced atomically on every change."""
+
+    def __init__(self, seeds_dir: Path, run_id: str, model: str, tokenizer: str, shards: list[dict] | None = None):
+        self.seeds_dir = Path(seeds_dir)
+        self.run_id, self.model, self.tokenizer = run_id, model, tokenizer
+        self.shards = shards or []
+
+    @classmethod
+    def load(cls, seeds_dir: Path) -> SeedManifest | None:
+        path = Path(seeds_dir) / MANIFEST
+        if not path.exists():
+            return None
+        payload = json.loads(path.read_text())
+        return cls(seeds_dir, payload["run_id"], payload["model"], payload["tokenizer"], payload["shards"])
+
+    def save(self) -> None:
+        payload = {
+            "format": MANIFEST_FORMAT,
+            "run_id": self.run_id,
+            "model": self.model,
+            "tokenizer": self.tokenizer,
+            "shards": self.shards,
+        }
+        atomic_write_json(self.seeds_dir / MANIFEST, payload)
+
+    def record(self, file: str, step: int, rows: int) -> None:
+        self.shards = [s for s in self.shards if s["file"] != file] + [{"file": file, "step": step, "rows": rows}]
+        self.shards.sort(key=lambda s: s["step"])
+
+    def paths(self, max_step: int | None = None) -> list[Path]:
+        return [self.seeds_dir / s["file"] for s in self.shards if max_step is None or s["step"] <= max_step]
+
+    def set_aside_after(self, step: int) -> list[str]:
+        """Moves the shards of steps after `step` (an abandoned branch of a resumed run) to `seeds/superseded/`.
+
+        They are kept, never deleted: a resumed run writes new shards under the same names.
+        """
+        later = [s for s in self.shards if s["step"] > step]
+        if not later:
+            return []
+        target = self.seeds_dir / "superseded" / time.strftime("%Y%m%d-%H%M%S")
+        target.mkdir(parents=True, exist_ok=True)
+        for s in later:
+            source = self.seeds_dir / s["file"]
+            if source.exists():
+                shutil.move(source, target / s["file"])
+        self.shards = [s for s in self.shards if s["step"] <= step]
+        self.save()
+        return [s["file"] for s in later]
+
+
+def read_table(paths: Sequence[Path]) -> pa.Table | None:
+    tables = [pq.read_table(p) for p in paths]
+    return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def fill_bank(bank: SeedBank, table: pa.Table, external: bool = False) -> None:
+    """Adds every row of a seed-dataset table to `bank`, slicing the list columns' flat buffers (no copies per row)."""
+    if table is None or table.num_rows == 0:
+        return
+    table = table.combine_chunks()
+    ids_column, logps_column = table.column("completion_ids").chunk(0), table.column("logprobs").chunk(0)
+    offsets = ids_column.offsets.to_numpy()
+    flat_ids = ids_column.values.to_numpy(zero_copy_only=False)
+    flat_logps = logps_column.values.to_numpy(zero_copy_only=False)
+    if not np.array_equal(offsets, logps_column.offsets.to_numpy()):
+        raise ValueError("The seed dataset's `logprobs` do not align with its `completion_ids` (different lengths).")
+    rollout_ids = table.column("rollout_id").to_pylist()
+    prompt_ids = table.column("prompt_id").to_pylist()
+    rewards = table.column("reward").to_numpy(zero_copy_only=False)
+    steps = table.column("step").to_numpy(zero_copy_only=False)
+    for row in range(table.num_rows):
+        start, end = offsets[row], offsets[row + 1]
+        bank.add(
+            rollout_ids[row],
+            prompt_ids[row],
+            flat_ids[start:end],
+            flat_logps[start:end],
+            float(rewards[row]),
+            int(steps[row]),
+            external=external,
+        )
+
+
+def resolve_seed_dataset(path: str | os.PathLike) -> list[Path]:
+    """The Parquet shards of a local seed dataset: a run directory, its `seeds/` folder, a folder or one file."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return [path]
+    for seeds_dir in (path / SEEDS_DIR, path):
+        manifest = SeedManifest.load(seeds_dir)
+        if manifest is not None:
+            return manifest.paths()
+    files = sorted(path.glob("**/*.parquet")) if path.is_dir() else []
+    files = [f for f in files if "superseded" not in f.parts and not f.name.startswith(".")]
+    if not files:
+        raise ValueError(
+            f"seed_dataset={str(path)!r} holds no seed dataset: expected a run directory with seeds/manifest.json, a "
+            "folder of Parquet shards, or a .parquet file. Pass the output_dir of an earlier run, or its seeds/ folder."
+        )
+    return files
+
+
+def load_seed_table(path: str | os.PathLike, tokenizer_fp: str, vocab_size: int) -> pa.Table:
+    """Reads a seed dataset and checks that it fits this run: required columns, same tokenizer, ids in the vocab."""
+    table = read_table(resolve_seed_dataset(path))
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(
+            f"seed_dataset={str(path)!r} lacks the column(s) {missing}; a seed dataset needs {list(REQUIRED_COLUMNS)}. "
+            "Point seed_dataset at the seeds written by a ts_trl run."
+        )
+    if "tokenizer" in table.column_names:
+        found = set(table.column("tokenizer").unique().to_pylist()) - {None}
+        if found and found != {tokenizer_fp}:
+            raise ValueError(
+                f"seed_dataset={str(path)!r} was made with a tokenizer of another vocabulary (fingerprint "
+                f"{sorted(found)}, this run's is {tokenizer_fp!r}); its token ids would mean other text. Seed from a "
+                "dataset made with the same tokenizer, or leave seed_dataset unset."
+            )
+    flat = table.column("completion_ids").combine_chunks().values.to_numpy(zero_copy_only=False)
+    if len(flat) and (flat.min() < 0 or flat.max() >= vocab_size):
+        raise ValueError(
+            f"seed_dataset={str(path)!r} holds token ids outside this tokenizer's vocabulary (size {vocab_size}); it "
+            "comes from another tokenizer. Seed from a dataset made with the same tokenizer."
+        )
+    return table
+
+
+class SeedSnapshotCallback(TrainerCallback):
+    """Writes the rollouts generated since the last snapshot as one shard whenever the trainer saves a checkpoint.
+
+    The shard is written in `on_step_end`, once the step has decided to save and before the checkpoint folder exists,
+    so a checkpoint on disk always has its shard; `on_save` then records in the checkpoint which shards it covers.
+    """
+
+    def __init__(self, trainer: SeedGRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self.trainer.write_seed_snapshot(state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.trainer.write_checkpoint_pointer(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.trainer.write_seed_snapshot(state.global_step, final=True)

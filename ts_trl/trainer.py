@@ -1,0 +1,541 @@
+"""`SeedGRPOTrainer`: GRPO that restarts a share of its prompt groups from cut rollouts of earlier checkpoints.
+
+What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or changed):
+
+- `_generate_and_score_completions`: before generation, plans one cut per seeded prompt group (the same on every
+  rank); afterwards records every rollout with its behaviour log-probs and reward, logs the seeding metrics, and in
+  `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
+- `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
+  continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
+  rewards and the loss see the whole response.
+- `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
+- `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
+  training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
+- `train`: rebuilds the seed bank from the checkpoint's snapshot on resume.
+
+Differences from the paper (which we know only by its abstract, see PAPER.md): the cut is a uniform length ratio
+per group, seeds are drawn per prompt from the bank of this run (or a given seed dataset), and the restart baseline
+is GRPO's group mean over the `num_generations` continuations of the same cut.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate.utils import broadcast_object_list, gather_object
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from trl import GRPOTrainer
+
+from .bank import Rollout, Seed, SeedBank
+from .config import SeedGRPOConfig
+from .cutting import Cut, SeedCollator, Splice, boundary_token_ids, choose_cut, draw_ratio, prefix_importance_weights
+from .data import prompt_id_of
+from .snapshots import (
+    CHECKPOINT_POINTER,
+    SEEDS_DIR,
+    SeedManifest,
+    SeedSnapshotCallback,
+    atomic_write_json,
+    fill_bank,
+    load_seed_table,
+    read_table,
+    rollouts_to_table,
+    shard_name,
+    tokenizer_fingerprint,
+    write_shard,
+)
+
+logger = logging.getLogger(__name__)
+
+# The GRPOTrainer hooks this trainer overrides or calls; tests/test_trl_hooks.py checks their signatures.
+TRL_HOOKS = (
+    "_generate_and_score_completions",
+    "_generate_single_turn",
+    "_generate",
+    "_calculate_rewards",
+    "_get_per_token_logps_and_entropies",
+    "_compute_loss",
+    "_tokenize_prompts",
+)
+
+
+@dataclass
+class _GroupPlan:
+    """Which seed and cut each row of the local generation batch continues from (None: a plain GRPO row)."""
+
+    seeds: list[Seed | None]
+    cuts: list[Cut | None]
+    splices: list[Splice | None] | None = None  # built once the prompts are tokenized
+    response_masks: list[list[int]] | None = None
+    completion_ids: list[list[int]] | None = None  # whole responses (prefix + continuation), set by `_generate`
+    completions: list | None = None
+    sampling_logprobs: list | None = None
+    global_seeded: np.ndarray | None = None  # per global row: in a seeded group
+    global_prefix_len: np.ndarray | None = None
+    global_seed_age: list[float] = field(default_factory=list)  # per seeded group
+    num_groups: int = 0
+    num_eligible_groups: int = 0
+
+    @property
+    def any_seeded(self) -> bool:
+        return any(c is not None for c in self.cuts)
+
+
+@dataclass
+class _PendingRollout:
+    """A local rollout waiting for its behaviour log-probs (filled by the training forward pass)."""
+
+    rollout: Rollout
+    prefix_logprobs: np.ndarray  # the seed's stored log-probs of the prefix tokens
+    logprobs: np.ndarray | None = None
+
+    def complete(self) -> Rollout:
+        logprobs = self.logprobs
+        if logprobs is None:  # never expected: every row goes through the loss once; keep the row, flag it NaN
+            logprobs = np.full(len(self.rollout.completion_ids), np.nan, np.float32)
+        k = len(self.prefix_logprobs)
+        logprobs = np.concatenate([self.prefix_logprobs, logprobs[k:]]).astype(np.float32)
+        return Rollout(**{**self.rollout.__dict__, "logprobs": logprobs})
+
+
+class SeedGRPOTrainer(GRPOTrainer):
+    """GRPO with Thinking Seeds: a share of prompt groups continue, with the current policy, from a cut earlier rollout.
+
+    The only changes w.r.t. `GRPOTrainer` are the hooks listed in this module's docstring: the splice of a seed
+    prefix before generation, the prefix loss mask (or its importance weights), and the seed bank with its snapshots.
+    """
+
+    _tag_names = ["trl", "grpo", "thinking-seeds"]
+    _name = "Thinking Seeds"
+    _paper = {
+        "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
+        "id": None,
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{sun2026thinkingseeds,
+                title        = {{Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States}},
+                author       = {Chenxi Sun and Deyi Xiong and Lei Yang and Renren Jin and Wei Bi},
+                year         = 2026,
+                journal      = {arXiv preprint},
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: SeedGRPOConfig | None = None, train_dataset=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path or "model"
+            args = SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds")
+        if not isinstance(args, SeedGRPOConfig):
+            raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
+        if args.seed_method != "none":
+            for unsupported in ("tools", "rollout_func", "environment_factory"):
+                if kwargs.get(unsupported) is not None:
+                    raise ValueError(
+                        f"seed_method={args.seed_method!r} cannot be combined with `{unsupported}`: seeds are spliced "
+                        "into single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
+                    )
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
+        self.seed_bank = SeedBank()
+        self.seed_collator = SeedCollator(args.prefix_mode)
+        self._tokenizer_fp = tokenizer_fingerprint(self._tokenizer)
+        self._eos_ids = frozenset(self.eos_token_ids)
+        self._boundary_ids = boundary_token_ids(self._tokenizer) if args.cut_at_newline else None
+        self._model_name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
+        self._external_seeds = None
+        if args.seed_dataset is not None:
+            self._external_seeds = load_seed_table(args.seed_dataset, self._tokenizer_fp, len(self._tokenizer))
+            fill_bank(self.seed_bank, self._external_seeds, external=True)
+        if args.seed_method != "none" and train_dataset is not None:
+            self._validate_dataset(train_dataset)
+        self._plan: _GroupPlan | None = None
+        self._pending: list[_PendingRollout] = []
+        self._unsnapshotted: list[Rollout] = []  # main process: rollouts since the last snapshot, all ranks
+        self._captured_logps: list[torch.Tensor] | None = None
+        self._last_rewards_per_func: torch.Tensor | None = None
+        self._generation_key = (-1, 0)  # (global step, generations at that step), part of every rollout id
+        self.run_id: str | None = None
+        self._manifest: SeedManifest | None = None
+        if args.seed_method != "none":
+            self.add_callback(SeedSnapshotCallback(self))
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Validation and run set-up
+
+    def _validate_dataset(self, dataset) -> None:
+        """Fails early, before any generation, on data that seeding cannot handle."""
+        columns = getattr(dataset, "column_names", None)
+        if columns is not None and "prompt" not in columns:
+            raise ValueError(
+                f"The training dataset has no 'prompt' column (found {columns}). Rename the prompt column to "
+                "'prompt', e.g. dataset.rename_column('question', 'prompt')."
+            )
+        if not hasattr(dataset, "__len__"):
+            return  # an IterableDataset is checked batch by batch
+        sample = dataset.select(range(min(len(dataset), 2000))) if hasattr(dataset, "select") else dataset
+        max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        longest = 0
+        for index, row in enumerate(sample):
+            prompt = row["prompt"]
+            if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+                raise ValueError(f"Row {index} of the training dataset has an empty prompt; drop or fill it.")
+            if max_positions is not None and isinstance(prompt, str):
+                longest = max(longest, len(self._tokenizer(prompt)["input_ids"]))
+        if max_positions is not None and longest + self.max_completion_length > max_positions:
+            raise ValueError(
+                f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
+                f"model's {max_positions} positions. Shorten or filter the prompts, or lower max_completion_length."
+            )
+
+    @property
+    def seeds_dir(self) -> Path:
+        return Path(self.args.output_dir) / SEEDS_DIR
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        if self.args.seed_method != "none":
+            checkpoint = resume_from_checkpoint
+            if checkpoint is True:
+                checkpoint = get_last_checkpoint(self.args.output_dir)
+                if checkpoint is None:
+                    raise ValueError(f"No checkpoint found in output_dir={self.args.output_dir!r} to resume from.")
+            self._start_seed_run(checkpoint or None)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _start_seed_run(self, checkpoint: str | None) -> None:
+        """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
+        self.seed_bank = SeedBank()
+        self._pending, self._unsnapshotted = [], []
+        if self._external_seeds is not None:
+            fill_bank(self.seed_bank, self._external_seeds, external=True)
+        manifest = SeedManifest.load(self.seeds_dir)
+        if checkpoint is not None:
+            step = _checkpoint_step(checkpoint)
+            if manifest is None:
+                raise ValueError(
+                    f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
+                    "in the output_dir of the run that wrote it, or start a new run."
+                )
+            pointer = Path(checkpoint) / CHECKPOINT_POINTER
+            if pointer.exists():
+                files = [self.seeds_dir / s["file"] for s in json.loads(pointer.read_text())["shards"]]
+            else:  # crashed between the shard and the pointer: the shard of this step is on disk already
+                files = manifest.paths(max_step=step)
+            fill_bank(self.seed_bank, read_table(files))
+            self.seed_bank.mark_snapshotted()
+            run_id = manifest.run_id
+            self.accelerator.wait_for_everyone()  # every rank has read the shards before any is set aside
+            if self.accelerator.is_main_process:
+                moved = manifest.set_aside_after(step)
+                if moved:
+                    logger.warning(f"Resuming at step {step}: later shards {moved} moved to seeds/superseded/.")
+        else:
+            run_id = secrets.token_hex(4)
+            if self.accelerator.is_main_process and manifest is not None:
+                moved = manifest.set_aside_after(-1)
+                logger.warning(
+                    f"{self.seeds_dir} held the seeds of an earlier run ({len(moved)} shards); they were moved to "
+                    "seeds/superseded/. To continue that run instead, pass resume_from_checkpoint."
+                )
+                manifest = None
+        self.run_id = broadcast_object_list([run_id])[0] if self.accelerator.num_processes > 1 else run_id
+        if self.accelerator.is_main_process:
+            self.seeds_dir.mkdir(parents=True, exist_ok=True)
+            if manifest is None:
+                manifest = SeedManifest(self.seeds_dir, self.run_id, self._model_name, self._tokenizer_fp)
+                manifest.save()
+            self._manifest = manifest
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Generation: plan the cuts, splice, record
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training or self.args.seed_method == "none":
+            return super()._generate_and_score_completions(inputs)
+        self._flush_pending()
+        self._plan = self._plan_groups(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            self._record_rollouts(inputs, output, self._plan)
+        finally:
+            self._plan = None
+        return output
+
+    def _plan_groups(self, inputs) -> _GroupPlan:
+        """Decides, identically on every rank, which prompt groups of the global batch are seeded and where cut."""
+        args, bank = self.args, self.seed_bank
+        local_keys = [_prompt_key(x) for x in inputs]
+        keys = gather_object(local_keys) if self.accelerator.num_processes > 1 else local_keys
+        group_keys = keys[:: self.num_generations]
+        step = self.state.global_step
+        count = self._generation_key[1] + 1 if self._generation_key[0] == step else 0
+        self._generation_key = (step, count)
+        # A fresh generator per generation, keyed by (seed, step, count): every rank draws the same cuts, and the
+        # torch RNG that TRL's sampling uses is never touched (seed_fraction=0 reproduces GRPOTrainer exactly).
+        rng = np.random.default_rng([args.seed, step, count])
+        wanted = rng.random(len(group_keys)) < args.seed_fraction
+        candidates = bank.sample(
+            group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only
+        )
+        group_seeds, group_cuts = [], []
+        for want, seed in zip(wanted, candidates):
+            cut = None
+            if seed is not None:
+                ratio = draw_ratio(rng, args.cut_ratio_min, args.cut_ratio_max)
+                cut = choose_cut(
+                    seed.completion_ids, ratio, self._eos_ids, self.max_completion_length, self._boundary_ids
+                )
+            if not want or cut is None:
+                seed, cut = None, None
+            group_seeds.append(seed)
+            group_cuts.append(cut)
+        first = self.accelerator.process_index * len(inputs)
+        rows = range(first, first + len(inputs))
+        seeded = np.repeat([c is not None for c in group_cuts], self.num_generations)
+        prefix_len = np.repeat([c.k if c is not None else 0 for c in group_cuts], self.num_generations)
+        return _GroupPlan(
+            seeds=[group_seeds[r // self.num_generations] for r in rows],
+            cuts=[group_cuts[r // self.num_generations] for r in rows],
+            global_seeded=seeded,
+            global_prefix_len=prefix_len,
+            global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
+            num_groups=len(group_keys),
+            num_eligible_groups=sum(s is not None for s in candidates),
+        )
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        plan = self._plan
+        if plan is None or not plan.any_seeded:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        plan.splices = [
+            self.seed_collator(ids, seed.completion_ids, cut) if cut is not None else None
+            for ids, seed, cut in zip(prompt_ids, plan.seeds, plan.cuts)
+        ]
+        spliced = [s.prompt_ids if s is not None else list(ids) for ids, s in zip(prompt_ids, plan.splices)]
+        continuations, logprobs = super()._generate_single_turn(
+            spliced, images, multimodal_fields, num_generations, has_tool_images
+        )
+        completion_ids, masks, sampling_logprobs = [], [], []
+        for i, (splice, continuation) in enumerate(zip(plan.splices, continuations)):
+            continuation = list(continuation)
+            if splice is None:
+                response, mask, k = continuation, [1] * len(continuation), 0
+            else:  # the continuation only gets the budget the prefix leaves
+                response, mask = self.seed_collator.response(splice, continuation, self.max_completion_length)
+                k = len(splice.prefix_ids)
+            completion_ids.append(response)
+            masks.append(mask)
+            if logprobs is not None:
+                # No sampling log-prob for prefix tokens: TRL treats None as "no correction" in its vLLM IS ratio.
+                sampling_logprobs.append([None] * k + list(logprobs[i][: len(response) - k]))
+        plan.response_masks = masks
+        return completion_ids, (sampling_logprobs if logprobs is not None else None)
+
+    def _generate(self, prompts):
+        result = super()._generate(prompts)
+        plan = self._plan
+        if plan is None:
+            return result
+        prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = result
+        plan.completion_ids, plan.completions, plan.sampling_logprobs = completion_ids, completions, logprobs
+        if plan.any_seeded and self.args.prefix_mode == "state":
+            tool_mask = plan.response_masks
+        return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # gathered over all ranks, one row per global rollout
+        return rewards_per_func
+
+    def _record_rollouts(self, inputs, output, plan: _GroupPlan) -> None:
+        """Queues this batch's rollouts for the bank, logs the seeding metrics, and weights prefix actions."""
+        device = self.accelerator.device
+        weights = self.reward_weights.to(device)
+        rewards_per_func = self._last_rewards_per_func
+        total = (rewards_per_func * weights).nansum(dim=1)
+        total[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        first = self.accelerator.process_index * len(inputs)
+        local_total = total[first : first + len(inputs)].tolist()
+        local_per_func = rewards_per_func[first : first + len(inputs)].tolist()
+
+        # Behaviour log-probs: the backend's (vLLM), else the pre-update policy's when TRL computed them, else the
+        # training forward's, captured in `_compute_loss` (identical to TRL's own `old_per_token_logps` then).
+        current_logps = output.get("old_per_token_logps")
+        seeded_rows = [i for i, c in enumerate(plan.cuts) if c is not None]
+        if self.args.prefix_mode == "action" and seeded_rows:
+            if current_logps is None:
+                current_logps = self._policy_logps(output)
+            self._weight_prefix_actions(output, plan, current_logps)
+
+        step = self.state.global_step
+        count = self._generation_key[1]
+        for i, row in enumerate(inputs):
+            seed, cut = plan.seeds[i], plan.cuts[i]
+            response = plan.completion_ids[i]
+            k = cut.k if cut is not None else 0
+            completion = plan.completions[i]
+            rollout = Rollout(
+                rollout_id=f"{self.run_id}-{step:06d}-{count:02d}-{first + i:05d}",
+                prompt_id=_prompt_key(row),
+                prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
+                completion=completion if isinstance(completion, str) else json.dumps(completion),
+                completion_ids=response,
+                logprobs=(),
+                reward=local_total[i],
+                step=step,
+                prefix_len=k,
+                seed_origin=seed.rollout_id if seed is not None else None,
+                rewards=dict(zip(self.reward_func_names, local_per_func[i])),
+            )
+            pending = _PendingRollout(rollout, prefix_logprobs=np.asarray(seed.logprobs[:k]) if k else np.zeros(0))
+            if plan.sampling_logprobs is not None:
+                pending.logprobs = np.array(
+                    [np.nan if x is None else x for x in plan.sampling_logprobs[i]], np.float32
+                )
+            elif current_logps is not None:
+                pending.logprobs = current_logps[i, : len(response)].float().cpu().numpy()
+            self._pending.append(pending)
+        if plan.sampling_logprobs is None and current_logps is None:
+            base = len(self._pending) - len(inputs)
+            output["seed_rollout_row"] = torch.arange(base, base + len(inputs), device=device)
+        self._log_seed_metrics(plan, total, output)
+
+    def _policy_logps(self, output) -> torch.Tensor:
+        """Per-token log-probs of the completions under the current policy (one no-grad forward pass)."""
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        return logps
+
+    def _weight_prefix_actions(self, output, plan: _GroupPlan, current_logps: torch.Tensor) -> None:
+        """Turns advantages into per-token ones, scaling prefix tokens by the truncated ratio pi_theta / pi_behaviour."""
+        shape, device = output["completion_ids"].shape, output["completion_ids"].device
+        behaviour = torch.zeros(shape, device=device)
+        prefix_mask = torch.zeros(shape, dtype=torch.long, device=device)
+        for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
+            if cut is not None:
+                behaviour[i, : cut.k] = torch.as_tensor(np.asarray(seed.logprobs[: cut.k]), device=device)
+                prefix_mask[i, : cut.k] = 1
+        weights = prefix_importance_weights(current_logps, behaviour, prefix_mask, self.args.prefix_is_clip)
+        advantages = output["advantages"]
+        output["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
+        prefix_weights = weights[prefix_mask.bool()]
+        self._metrics["train"]["seeds/prefix_is_ratio_mean"].append(
+            self.accelerator.gather(prefix_weights.mean().reshape(1)).nanmean().item()
+        )
+
+    def _log_seed_metrics(self, plan: _GroupPlan, total_rewards: torch.Tensor, output) -> None:
+        metrics = self._metrics["train"]
+        seeded = torch.as_tensor(plan.global_seeded, device=total_rewards.device)
+        num_seeded_groups = int(seeded.sum().item()) // self.num_generations
+        metrics["seeds/seeded_group_share"].append(num_seeded_groups / max(plan.num_groups, 1))
+        metrics["seeds/eligible_group_share"].append(plan.num_eligible_groups / max(plan.num_groups, 1))
+        metrics["seeds/bank_size"].append(len(self.seed_bank))
+        if num_seeded_groups:
+            metrics["seeds/prefix_len_mean"].append(float(plan.global_prefix_len[plan.global_seeded].mean()))
+            metrics["seeds/reward_seeded"].append(torch.nanmean(total_rewards[seeded]).item())
+            if plan.global_seed_age:
+                metrics["seeds/seed_age_mean"].append(float(np.mean(plan.global_seed_age)))
+        if num_seeded_groups < plan.num_groups:
+            metrics["seeds/reward_unseeded"].append(torch.nanmean(total_rewards[~seeded]).item())
+        mask = output["completion_mask"]
+        prefix = torch.zeros_like(mask)
+        for i, cut in enumerate(plan.cuts):
+            if cut is not None:
+                prefix[i, : cut.k] = 1
+        counts = torch.stack([(mask * (1 - prefix)).sum(), (mask * prefix).sum()]).float()
+        counts = self.accelerator.gather(counts.reshape(1, 2)).sum(dim=0)
+        metrics["seeds/generated_tokens"].append(counts[0].item())
+        metrics["seeds/prefix_tokens"].append(counts[1].item())
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Behaviour log-probs from the training forward pass
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._captured_logps is not None:
+            self._captured_logps.append(logps.detach())
+        return logps, entropies, aux_loss
+
+    def _compute_loss(self, model, inputs):
+        rows = inputs.get("seed_rollout_row")
+        if rows is None:
+            return super()._compute_loss(model, inputs)
+        self._captured_logps = []
+        try:
+            loss = super()._compute_loss(model, inputs)
+            logps = self._captured_logps[0].float().cpu().numpy()
+        finally:
+            self._captured_logps = None
+        for j, row in enumerate(rows.tolist()):
+            pending = self._pending[row]
+            pending.logprobs = logps[j, : len(pending.rollout.completion_ids)]
+        return loss
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # The bank and its snapshots
+
+    def _flush_pending(self) -> None:
+        """Moves the completed local rollouts of every rank into the bank (and, on the main process, the snapshot)."""
+        local = [p.complete() for p in self._pending]
+        self._pending = []
+        rollouts = gather_object(local) if self.accelerator.num_processes > 1 else local
+        self.seed_bank.add_rollouts(rollouts)
+        if self.accelerator.is_main_process:
+            self._unsnapshotted.extend(rollouts)
+
+    def write_seed_snapshot(self, step: int, final: bool = False) -> Path | None:
+        """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them."""
+        if self.args.seed_method == "none" or self.run_id is None:
+            return None
+        self._flush_pending()
+        path = None
+        if self.accelerator.is_main_process and (self._unsnapshotted or not final):
+            checkpoint = "final" if final else f"{PREFIX_CHECKPOINT_DIR}-{step}"
+            table = rollouts_to_table(
+                self._unsnapshotted, checkpoint, self._model_name, self._tokenizer_fp, self.reward_func_names
+            )
+            path = self.seeds_dir / shard_name(step)
+            write_shard(table, path)
+            self._manifest.record(path.name, step, table.num_rows)
+            self._manifest.save()
+            self._unsnapshotted = []
+        self.seed_bank.mark_snapshotted()
+        return path
+
+    def write_checkpoint_pointer(self, step: int) -> None:
+        """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""
+        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        if self._manifest is None or not folder.is_dir():
+            return
+        shards = [s for s in self._manifest.shards if s["step"] <= step]
+        payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
+        atomic_write_json(folder / CHECKPOINT_POINTER, payload)
+
+
+def _prompt_key(row: dict) -> str:
+    return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(row["prompt"])
+
+
+def _checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    state = Path(checkpoint) / "trainer_state.json"
+    if state.exists():
+        return int(json.loads(state.read_text())["global_step"])
+    name = Path(checkpoint).name
+    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
+        return int(name.rsplit("-", 1)[1])
+    raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")
