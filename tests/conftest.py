@@ -1,5 +1,6 @@
 """Shared fixtures: the tiny tokenizer and model are built in-process, so the suite never touches the network."""
 
+import dataclasses
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,3 +34,49 @@ def gsm8k_path():
     if not path.exists():
         pytest.skip(f"{path} is not laid out beside this checkout")
     return path
+
+
+def count_reward(completions, **kwargs):
+    """A cheap deterministic reward with spread on random text: 1.0 when the response has an even number of digits."""
+    return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
+
+
+def tiny_prompts(n: int = 8):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"Q: {i}+{i + 1}=" for i in range(n)]})
+
+
+@pytest.fixture
+def make_trainer(tmp_path, tokenizer):
+    """Builds a SeedGRPOTrainer (or any GRPOTrainer subclass) on the tiny model with small, fast settings."""
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+
+    def make(trainer_cls=SeedGRPOTrainer, config_cls=SeedGRPOConfig, dataset=None, reward=count_reward, **overrides):
+        settings = dict(
+            output_dir=str(tmp_path / "run"),
+            per_device_train_batch_size=8,  # two prompt groups per step: enough to mix seeded and plain groups
+            num_generations=4,  # the smallest group that still has a spread of rewards
+            max_completion_length=12,  # short responses keep each step well under a second on CPU
+            max_steps=6,
+            save_steps=2,
+            logging_steps=1,
+            learning_rate=1e-3,  # large, so a handful of steps visibly moves the tiny model
+            report_to=[],
+            use_cpu=True,
+            seed=0,
+            seed_fraction=1.0,
+            disable_tqdm=True,
+        )
+        settings.update(overrides)
+        known = {f.name for f in dataclasses.fields(config_cls)}
+        args = config_cls(**{k: v for k, v in settings.items() if k in known})
+        return trainer_cls(
+            model=build_tiny_model(build_tokenizer()),
+            reward_funcs=reward,
+            args=args,
+            train_dataset=dataset if dataset is not None else tiny_prompts(),
+            processing_class=tokenizer,
+        )
+
+    return make

@@ -49,7 +49,7 @@ class Seed:
 class _ChunkedArray:
     """An append-only store of variable-length rows in a few contiguous chunks (no per-row Python objects)."""
 
-    def __init__(self, dtype, first_chunk: int = 1 << 16, max_chunk: int = 1 << 24):
+    def __init__(self, dtype, first_chunk: int = 1 << 16, max_chunk: int = 1 << 22):
         self.dtype = np.dtype(dtype)
         self.chunks: list[np.ndarray] = []
         self.used = 0  # tokens used in the last chunk

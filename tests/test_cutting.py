@@ -1,0 +1,78 @@
+"""Unit tests of the pure cut / splice / weight functions, with hand-computed numbers."""
+
+import math
+
+import pytest
+import torch
+
+from ts_trl import Cut, SeedCollator
+from ts_trl.cutting import boundary_token_ids, choose_cut, max_cut, prefix_importance_weights
+
+EOS = 1
+
+
+def test_cut_is_floor_of_ratio_times_length():
+    seed = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    assert choose_cut(seed, 0.35, {EOS}, budget=64).k == 3  # floor(3.5)
+    assert choose_cut(seed, 0.99, {EOS}, budget=64).k == 9  # floor(9.9) = 9 = len - 1
+    assert choose_cut(seed, 0.01, {EOS}, budget=64).k == 1  # floor(0.1) = 0, clipped up to 1
+
+
+def test_cut_never_puts_eos_in_the_prefix():
+    seed = [10, 11, 12, EOS]
+    assert max_cut(seed, {EOS}, budget=64) == 3
+    assert choose_cut(seed, 0.9, {EOS}, budget=64).k == 3  # floor(3.6) = 3: prefix [10, 11, 12], EOS cut away
+    early = [10, EOS, 12, 13, 14, 15]  # an EOS in the middle (e.g. an external seed) bounds the cut
+    assert choose_cut(early, 0.9, {EOS}, budget=64).k == 1
+    assert choose_cut([EOS, 10, 11], 0.5, {EOS}, budget=64) is None
+    assert choose_cut([10], 0.5, {EOS}, budget=64) is None  # a one-token seed has nothing to cut away
+
+
+def test_cut_leaves_budget_for_the_continuation():
+    seed = list(range(10, 30))  # 20 tokens
+    assert choose_cut(seed, 0.9, {EOS}, budget=8).k == 7  # floor(18) clipped to budget - 1
+
+
+def test_cut_snaps_to_nearest_newline_boundary():
+    NL = 99
+    seed = [10, 11, NL, 12, 13, 14, 15, NL, 16, 17]
+    # floor(0.5 * 10) = 5; boundaries (positions after a newline) are 3 and 8: 3 is nearer
+    assert choose_cut(seed, 0.5, {EOS}, budget=64, boundary_token_ids={NL}).k == 3
+    assert choose_cut(seed, 0.7, {EOS}, budget=64, boundary_token_ids={NL}).k == 8
+    assert choose_cut([10, 11, 12, 13], 0.5, {EOS}, budget=64, boundary_token_ids={NL}).k == 2  # none: unchanged
+
+
+def test_collator_splices_prefix_after_prompt():
+    splice = SeedCollator("state")([1000, 1001], [5, 6, 7, 8], Cut(k=2, ratio=0.5))
+    assert splice.prompt_ids == [1000, 1001, 5, 6]
+    assert splice.prefix_ids == [5, 6]
+    assert splice.prefix_mask == [0, 0]
+    assert SeedCollator("action")([1000], [5, 6, 7], Cut(k=2, ratio=0.7)).prefix_mask == [1, 1]
+
+
+def test_collator_response_joins_and_truncates_to_budget():
+    splice = SeedCollator("state")([1000], [5, 6, 7, 8], Cut(k=3, ratio=0.8))
+    ids, mask = SeedCollator.response(splice, [20, 21, 22, 23], budget=5)
+    assert ids == [5, 6, 7, 20, 21]  # 3 prefix tokens + the 2 the budget leaves
+    assert mask == [0, 0, 0, 1, 1]
+
+
+def test_collator_rejects_bad_cuts_and_modes():
+    with pytest.raises(ValueError, match="1 <= k"):
+        SeedCollator("state")([1], [5, 6], Cut(k=2, ratio=0.9))
+    with pytest.raises(ValueError, match="prefix_mode"):
+        SeedCollator("prefix")
+
+
+def test_prefix_importance_weights_are_truncated_ratios_on_prefix_only():
+    current = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    behaviour = torch.tensor([[-2.0, -1.0, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    weights = prefix_importance_weights(current, behaviour, mask, clip=2.0)
+    expected = [min(math.exp(1.0), 2.0), math.exp(-1.0), 1.0, 1.0]  # the last token is not a prefix token
+    assert weights[0].tolist() == pytest.approx(expected)
+
+
+def test_boundary_ids_of_char_tokenizer(tokenizer):
+    ids = boundary_token_ids(tokenizer)
+    assert ids == {tokenizer.convert_tokens_to_ids("\n")}
