@@ -190,7 +190,6 @@ def dataset_card_for_shard(shard_path: Path, repo_id: str, license: str | None =
     return render_dataset_card(
         repo_id=repo_id,
         model=model,
-        model_link=_hub_link(model),
         tokenizer_fingerprint=tokenizer,
         steps=steps,
         num_rows=num_rows,
