@@ -1,0 +1,262 @@
+"""Publishing seeds to the Hub and reading them back, with the real huggingface_hub client against a local Hub."""
+
+import json
+import logging
+import os
+import time
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from huggingface_hub import DatasetCard, ModelCard
+from huggingface_hub import constants as hf_constants
+
+from tests.hub_server import LocalHub
+from ts_trl.cards import render_dataset_card, render_model_card, template_path
+from ts_trl.hub import SeedHubPusher, download_seed_dataset
+
+REPO_ID = "org/seeds"
+FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"
+# Small waits keep the retry tests short; the client's own retries are not involved (failures hit /commit only).
+FAST = {"backoff": 0.05, "max_backoff": 0.2}
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """A local Hub, with huggingface_hub and datasets pointed at it and online for this test only."""
+    server = LocalHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    # Both libraries read these at import time (conftest imported them offline), so the module values are patched too.
+    monkeypatch.setattr(hf_constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        datasets.config, "HUB_DATASETS_URL", server.endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
+    )
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    yield server
+    server.stop()
+    assert server.unknown == [], f"the client called endpoints the local hub lacks: {server.unknown}"
+
+
+def write_run(run_dir, steps, rows_per_shard=4):
+    """Seed shards and a manifest laid out as a training run writes them (the contract of `ts_trl.snapshots`)."""
+    seeds_dir = run_dir / "seeds"
+    seeds_dir.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for step in steps:
+        ids = [[(step + row + k) % 97 for k in range(3 + row)] for row in range(rows_per_shard)]
+        table = pa.table(
+            {
+                "rollout_id": pa.array([f"r{step}-{row}" for row in range(rows_per_shard)], pa.string()),
+                "prompt_id": pa.array([f"p{row % 2}" for row in range(rows_per_shard)], pa.string()),
+                "prompt": pa.array(
+                    [json.dumps([{"role": "user", "content": f"q{row}"}]) for row in range(rows_per_shard)]
+                ),
+                "completion": pa.array(["".join(chr(32 + i) for i in seq) for seq in ids], pa.string()),
+                "completion_ids": pa.array(ids, pa.list_(pa.int32())),
+                "logprobs": pa.array(
+                    [[-0.25 * (k + 1) for k in range(len(seq))] for seq in ids], pa.list_(pa.float32())
+                ),
+                "reward": pa.array([float(row % 2) for row in range(rows_per_shard)], pa.float32()),
+                "reward_accuracy": pa.array([float(row % 2) for row in range(rows_per_shard)], pa.float32()),
+                "step": pa.array([step] * rows_per_shard, pa.int32()),
+                "checkpoint": pa.array([f"checkpoint-{step}"] * rows_per_shard, pa.string()),
+                "prefix_len": pa.array([row for row in range(rows_per_shard)], pa.int32()),
+                "seed_origin": pa.array(
+                    [None if row == 0 else f"r0-{row}" for row in range(rows_per_shard)], pa.string()
+                ),
+                "model": pa.array(["tiny"] * rows_per_shard, pa.string()),
+                "tokenizer": pa.array(["fp123"] * rows_per_shard, pa.string()),
+            }
+        )
+        path = seeds_dir / f"step-{step:06d}.parquet"
+        pq.write_table(table, path)
+        shards.append({"file": path.name, "step": step, "rows": rows_per_shard})
+    manifest = {"format": 1, "run_id": "run", "model": "tiny", "tokenizer": "fp123", "shards": shards}
+    (seeds_dir / "manifest.json").write_text(json.dumps(manifest))
+    return sorted(seeds_dir.glob("step-*.parquet"))
+
+
+def rows_of(tables):
+    return sorted(pa.concat_tables(tables).to_pylist(), key=lambda row: row["rollout_id"])
+
+
+def wait_for(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the pusher"
+        time.sleep(0.02)
+
+
+def shard_files(server):
+    return sorted(path for path in server.files(REPO_ID) if path.startswith("data/"))
+
+
+def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, monkeypatch):
+    shards = write_run(tmp_path / "run", [2, 4, 6])
+    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
+    for shard in shards:
+        pusher.submit(shard)
+    assert pusher.close(timeout=60) == []
+    assert pusher.status() == {"pushed": 3, "pending": 0, "failed_attempts": 0, "failed_pushes": 0, "last_error": None}
+    assert shard_files(hub) == [f"data/{shard.name}" for shard in shards]
+    assert hub.commit_titles(REPO_ID)[1:] == [f"Add seed shard {shard.name}" for shard in shards]  # one per submit
+    card = DatasetCard(hub.files(REPO_ID)["README.md"].decode())
+    assert card.data.configs[0]["data_files"] == [{"split": "train", "path": "data/*.parquet"}]
+    assert "2, 4, 6" in card.text and "reward_accuracy" in card.text
+
+    local_rows = rows_of([pq.read_table(shard) for shard in shards])
+    loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))
+    assert sorted(loaded.to_list(), key=lambda row: row["rollout_id"]) == local_rows
+
+    folder = download_seed_dataset(REPO_ID)
+    assert rows_of([pq.read_table(path) for path in sorted((folder / "data").glob("*.parquet"))]) == local_rows
+    # Once cached, the dataset is found offline too.
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert download_seed_dataset(REPO_ID) == folder
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+
+    # Pushing the same shards again (a restarted pusher) adds no commit and no second copy.
+    commits = len(hub.commit_titles(REPO_ID))
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:
+        again.submit(shards[0])
+        again.submit(shards[0])
+    assert again.status()["pushed"] == 1
+    assert len(hub.commit_titles(REPO_ID)) == commits
+    assert shard_files(hub) == [f"data/{shard.name}" for shard in shards]
+
+
+def test_submit_returns_at_once_while_the_hub_stalls_and_fails(hub, tmp_path):
+    shards = write_run(tmp_path / "run", [1, 2, 3, 4])
+    hub.stall(2.0)
+    hub.fail_next(3, path_contains="/commit/")
+    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
+    latencies = []
+    for shard in shards:
+        start = time.perf_counter()
+        pusher.submit(shard)
+        latencies.append(time.perf_counter() - start)
+    status = pusher.status()
+    assert status["pushed"] == 0 and status["pending"] == 4  # the hub is still stalled: nothing could be pushed yet
+    print(f"submit latency while the hub stalls: max {max(latencies) * 1e3:.2f} ms")
+    assert max(latencies) < 0.1, latencies  # milliseconds, against a 2 s stall
+
+    assert pusher.close(timeout=60) == []
+    status = pusher.status()
+    assert status["pushed"] == 4 and status["pending"] == 0
+    assert status["failed_attempts"] == 3 and status["failed_pushes"] == 0
+    assert "500" in status["last_error"]
+    assert shard_files(hub) == [f"data/{shard.name}" for shard in shards]  # every shard, once
+
+
+def test_a_failed_push_is_kept_retried_later_and_never_leaks_the_token(hub, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, the client's included
+    first, second = write_run(tmp_path / "run", [10, 20])
+    hub.fail_next(1000, path_contains="/commit/")
+    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, max_retries=2, **FAST)
+    pusher.submit(first)
+    wait_for(lambda: pusher.status()["failed_pushes"] == 1)
+    status = pusher.status()
+    assert status["failed_pushes"] == 1 and status["failed_attempts"] == 3 and status["pending"] == 1
+    assert "Could not push seed shard step-000010.parquet" in caplog.text
+
+    hub.heal()
+    pusher.submit(second)  # also retries the first one
+    assert pusher.close(timeout=60) == []
+    assert shard_files(hub) == ["data/step-000010.parquet", "data/step-000020.parquet"]
+
+    assert f"Bearer {FAKE_TOKEN}" in hub.authorizations  # the token was used, so its absence below means something
+    assert FAKE_TOKEN not in caplog.text
+    assert FAKE_TOKEN not in repr(pusher) and FAKE_TOKEN not in str(pusher.status())
+    assert FAKE_TOKEN not in "".join(os.environ.values())
+    assert all(FAKE_TOKEN.encode() not in data for data in hub.files(REPO_ID).values())
+
+
+def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(hub, tmp_path, caplog):
+    (shard,) = write_run(tmp_path / "run", [5])
+    hub.fail_next(1000, status=403, path_contains="/commit/")
+    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
+    pusher.submit(shard)
+    wait_for(lambda: pusher.status()["failed_pushes"] == 1)
+    assert pusher.close(timeout=60) == [shard.resolve()]
+    assert pusher.status()["failed_attempts"] == 2  # once at submit, once more at close: no back-off loop on a 403
+    assert "were not pushed" in caplog.text and str(shard.resolve()) in caplog.text
+    with pytest.raises(RuntimeError, match="closed"):
+        pusher.submit(shard)
+
+
+def test_bad_arguments_fail_early():
+    with pytest.raises(ValueError, match="invalid repo_id"):
+        SeedHubPusher("datasets/org/name")
+    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN)
+    with pytest.raises(FileNotFoundError, match="not a file"):
+        pusher.submit("/nonexistent/step-000001.parquet")
+
+
+def test_offline_download_of_an_uncached_dataset_says_how_to_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match=r"'org/never-downloaded'.*HF_HUB_OFFLINE.*local path"):
+        download_seed_dataset("org/never-downloaded", cache_dir=tmp_path)
+
+
+def test_model_card_renders_and_parses_back():
+    seed_config = {"seed_method": "seeds", "cut_ratio_min": 0.1, "prefix_mode": "state", "learning_rate": 1e-6}
+    common = dict(
+        base_model="Qwen/Qwen2.5-0.5B",
+        model_name="qwen-ts",
+        hub_model_id="org/qwen-ts",
+        dataset_name="openai/gsm8k",
+        seed_dataset_id=REPO_ID,
+        seed_config=seed_config,
+        metrics={"seeds/seeded_group_share": 0.5, "reward": 0.61234},
+        license="apache-2.0",
+    )
+    card = render_model_card(is_peft=False, **common)
+    data = ModelCard(str(card)).data
+    assert data.base_model == "Qwen/Qwen2.5-0.5B" and data.library_name == "transformers"
+    assert data.datasets == ["openai/gsm8k", REPO_ID] and data.pipeline_tag == "text-generation"
+    assert set(data.tags) >= {"trl", "grpo", "thinking-seeds"} and data.license == "apache-2.0"
+    assert "Thinking Seeds: Restarting On-Policy RL" in card.text and "vonwerra2020trl" in card.text
+    assert "| `cut_ratio_min` | `0.1` |" in card.text and "learning_rate" not in card.text  # seeding settings only
+    assert "| `reward` | 0.6123 |" in card.text and "AutoModelForCausalLM" in card.text
+
+    adapter = render_model_card(is_peft=True, **common)
+    assert ModelCard(str(adapter)).data.library_name == "peft" and "AutoPeftModelForCausalLM" in adapter.text
+
+
+def test_dataset_card_renders_and_parses_back():
+    card = render_dataset_card(
+        repo_id=REPO_ID,
+        model="Qwen/Qwen2.5-0.5B",
+        tokenizer_fingerprint="fp123",
+        steps=[200, 100],
+        num_rows=128,
+        reward_columns=["reward_accuracy"],
+    )
+    data = DatasetCard(str(card)).data
+    assert data.configs == [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
+    assert set(data.tags) == {"thinking-seeds", "trl"}
+    for text in ("`seed_origin`", "`prefix_len`", "`reward_accuracy`", "checkpoint-100", "fp123"):
+        assert text in card.text
+    assert (
+        f'load_dataset("{REPO_ID}"' in card.text
+        and f'SeedGRPOConfig(output_dir="my-run", seed_dataset="{REPO_ID}")' in card.text
+    )
+
+
+def test_templates_are_found_from_a_source_checkout():
+    assert template_path("model_card.md.j2").is_file() and template_path("dataset_card.md.j2").is_file()
+    with pytest.raises(FileNotFoundError, match="Reinstall ts_trl"):
+        template_path("missing.md.j2")

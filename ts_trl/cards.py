@@ -1,0 +1,229 @@
+"""Model and seed-dataset cards for the Hub, rendered from the Jinja templates in `model_cards/`."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from huggingface_hub import DatasetCard, DatasetCardData, ModelCard, ModelCardData
+
+MODEL_CARD_TEMPLATE = "model_card.md.j2"
+DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
+TAGS = ("trl", "grpo", "thinking-seeds")
+# The split every seed dataset exposes; `load_dataset(repo_id)` reads it through this `configs:` entry.
+DATASET_CONFIGS = [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
+# Config fields worth showing in a card: those that change how seeds are picked, cut and trained.
+SEED_SETTING_PREFIXES = ("seed_", "cut_", "prefix_")
+
+# The paper has no arXiv number at hand, so the entry carries none rather than a made-up one.
+THINKING_SEEDS_CITATION = """\
+@misc{sun2026thinkingseeds,
+    title         = {{Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States}},
+    author        = {Chenxi Sun and Deyi Xiong and Lei Yang and Renren Jin and Wei Bi},
+    year          = {2026},
+    archivePrefix = {arXiv},
+    primaryClass  = {cs.CL},
+}"""
+GRPO_CITATION = """\
+@article{shao2024deepseekmath,
+    title  = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+    author = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+    year   = {2024},
+    eprint = {arXiv:2402.03300},
+}"""
+TRL_CITATION = """\
+@software{vonwerra2020trl,
+    title   = {{TRL: Transformers Reinforcement Learning}},
+    author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
+    license = {Apache-2.0},
+    url     = {https://github.com/huggingface/trl},
+    year    = {2020}
+}"""
+
+# (column, Arrow type, meaning) of a seed dataset, in shard order; `reward_<name>` columns go after `reward`.
+SEED_COLUMNS = (
+    ("rollout_id", "string", "Unique id of the rollout."),
+    ("prompt_id", "string", "Stable id of the prompt (a hash of it unless the training set had one)."),
+    ("prompt", "string", "The prompt; JSON text of the messages for conversational prompts."),
+    ("completion", "string", "The decoded response: seed prefix (if any) followed by the generated continuation."),
+    ("completion_ids", "list<int32>", "Token ids of the response."),
+    ("logprobs", "list<float32>", "Per-token log-probs of the policy that produced each token (behaviour policy)."),
+    ("reward", "float32", "Total reward of the whole response."),
+    ("step", "int32", "Training step at which the rollout was generated."),
+    ("checkpoint", "string", "The checkpoint folder whose snapshot holds the row, e.g. `checkpoint-100`."),
+    ("prefix_len", "int32", "Number of leading tokens copied from a seed (0 for a rollout from the prompt alone)."),
+    ("seed_origin", "string (nullable)", "`rollout_id` of the seed the prefix was cut from."),
+    ("model", "string", "The model that was trained."),
+    ("tokenizer", "string", "Fingerprint of the tokenizer's vocabulary."),
+)
+
+
+def template_path(name: str) -> Path:
+    """Path of a card template: the installed package data `ts_trl.model_cards`, else `model_cards/` of the checkout."""
+    try:
+        candidate = importlib.resources.files("ts_trl.model_cards") / name
+        if candidate.is_file():
+            return Path(str(candidate))
+    except (ModuleNotFoundError, TypeError):
+        pass  # not installed with the package-data mapping: running from a source checkout
+    candidate = Path(__file__).resolve().parents[1] / "model_cards" / name
+    if not candidate.is_file():
+        raise FileNotFoundError(
+            f"Card template {name!r} is neither in the installed package (ts_trl.model_cards) nor at {candidate}. "
+            "Reinstall ts_trl (`pip install .`) so that its model_cards/ templates are included."
+        )
+    return candidate
+
+
+def render_model_card(
+    *,
+    base_model: str,
+    model_name: str,
+    hub_model_id: str | None,
+    dataset_name: str | None,
+    seed_dataset_id: str | None,
+    is_peft: bool,
+    seed_config: Mapping,
+    metrics: Mapping,
+    license: str | None = None,
+) -> ModelCard:
+    """The model card of a Thinking Seeds run: metadata for the Hub, the method, the seeding settings and metrics."""
+    card_data = ModelCardData(
+        base_model=base_model,
+        library_name="peft" if is_peft else "transformers",
+        datasets=[name for name in (dataset_name, seed_dataset_id) if name] or None,
+        tags=list(TAGS),
+        pipeline_tag="text-generation",
+        license=license,
+        model_name=model_name,
+    )
+    seed_settings = [
+        (name, _format_value(value))
+        for name, value in sorted(seed_config.items())
+        if name.startswith(SEED_SETTING_PREFIXES)
+    ]
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path(MODEL_CARD_TEMPLATE)),
+        base_model_link=_hub_link(base_model),
+        model_name=model_name,
+        dataset_link=_hub_link(dataset_name, "dataset"),
+        seed_dataset_link=_hub_link(seed_dataset_id, "dataset"),
+        is_peft=is_peft,
+        prefix_mode=seed_config.get("prefix_mode", "state"),
+        repo_ref=hub_model_id or model_name,
+        seed_settings=seed_settings,
+        metrics=[(name, _format_value(value)) for name, value in metrics.items()],
+        thinking_seeds_citation=THINKING_SEEDS_CITATION,
+        grpo_citation=GRPO_CITATION,
+        trl_citation=TRL_CITATION,
+    )
+
+
+def render_dataset_card(
+    *,
+    repo_id: str,
+    model: str,
+    tokenizer_fingerprint: str,
+    steps: list[int],
+    num_rows: int,
+    reward_columns: list[str],
+    license: str | None = None,
+) -> DatasetCard:
+    """The card of a seed dataset repo; its `configs:` block makes `load_dataset(repo_id)` read `data/*.parquet`."""
+    steps = sorted(set(steps))
+    card_data = DatasetCardData(
+        license=license,
+        pretty_name=f"Thinking Seeds rollouts of {model}",
+        size_categories=[_size_category(num_rows)],
+        task_categories=["text-generation"],
+        tags=["thinking-seeds", "trl"],
+        configs=DATASET_CONFIGS,
+    )
+    columns = []
+    for name, arrow_type, meaning in SEED_COLUMNS:
+        columns.append((name, arrow_type, meaning))
+        if name == "reward":
+            columns += [
+                (column, "float32", f"Reward of the `{column.removeprefix('reward_')}` reward function.")
+                for column in reward_columns
+            ]
+    return DatasetCard.from_template(
+        card_data,
+        template_path=str(template_path(DATASET_CARD_TEMPLATE)),
+        repo_id=repo_id,
+        model=model,
+        model_link=_hub_link(model),
+        tokenizer_fingerprint=tokenizer_fingerprint,
+        steps=steps,
+        steps_text=_steps_text(steps),
+        num_rows=num_rows,
+        columns=columns,
+        thinking_seeds_citation=THINKING_SEEDS_CITATION,
+    )
+
+
+def dataset_card_for_shard(shard_path: Path, repo_id: str, license: str | None = None) -> DatasetCard:
+    """The dataset card for a run's seed folder, read from the `manifest.json` next to `shard_path` and its schema."""
+    import pyarrow.parquet as pq
+
+    shard_path = Path(shard_path)
+    schema = pq.read_schema(shard_path)
+    reward_columns = [name for name in schema.names if name.startswith("reward_")]
+    manifest_path = shard_path.parent / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        shards = manifest.get("shards", [])
+        model, tokenizer = manifest.get("model", "unknown"), manifest.get("tokenizer", "unknown")
+        steps, num_rows = [entry["step"] for entry in shards], sum(entry["rows"] for entry in shards)
+    else:  # a shard handed over without its manifest: describe that shard alone
+        first = pq.read_table(shard_path, columns=[c for c in ("model", "tokenizer", "step") if c in schema.names])
+        row = first.slice(0, 1).to_pylist()[0] if first.num_rows else {}
+        model, tokenizer = row.get("model", "unknown"), row.get("tokenizer", "unknown")
+        match = re.search(r"(\d+)", shard_path.stem)
+        steps = [int(match.group(1))] if match else []
+        num_rows = first.num_rows
+    return render_dataset_card(
+        repo_id=repo_id,
+        model=model,
+        tokenizer_fingerprint=tokenizer,
+        steps=steps,
+        num_rows=num_rows,
+        reward_columns=reward_columns,
+        license=license,
+    )
+
+
+def _hub_link(repo_id: str | None, kind: str = "model") -> str | None:
+    """A Markdown link to a Hub repo, or the name in backticks when it is a local path rather than a Hub id."""
+    if not repo_id:
+        return None
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) and not Path(repo_id).exists():
+        prefix = "datasets/" if kind == "dataset" else ""
+        return f"[{repo_id}](https://huggingface.co/{prefix}{repo_id})"
+    return f"`{repo_id}`"
+
+
+def _format_value(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    return ", ".join(str(step) for step in steps) if len(steps) <= 8 else f"{steps[0]} to {steps[-1]}"
+
+
+def _size_category(num_rows: int) -> str:
+    """The Hub's `size_categories` bucket for a row count."""
+    bounds = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"))
+    for bound, label in bounds:
+        if num_rows < bound:
+            return label
+    return "1M<n<10M" if num_rows < 10_000_000 else "n>10M"

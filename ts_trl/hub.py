@@ -1,0 +1,304 @@
+"""Publishing seed shards to a Hub dataset repo in the background, and fetching a published seed dataset."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from pathlib import Path
+
+import httpx2
+from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
+
+from .cards import dataset_card_for_shard
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = "data"
+CARD_FILE = "README.md"
+# What a seed dataset repo holds; anything else in it (scripts, other data) is not fetched.
+SEED_DATASET_PATTERNS = [f"{DATA_DIR}/*.parquet", CARD_FILE]
+# The Hub is busy, down or behind a proxy that timed out: worth trying again. Other 4xx answers (bad token, no write
+# access, invalid repo) fail the same way on every attempt, so they end the retries at once.
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class SeedHubPusher:
+    """Uploads seed shards to a Hub dataset repo from a background thread, so that training never waits on the network.
+
+    Each `submit` becomes one commit that adds `data/<shard name>` and refreshes `README.md` (the dataset card, whose
+    `configs:` block lets `datasets.load_dataset(repo_id)` read every shard). A failed push is retried with exponential
+    back-off; one that still fails is logged, counted and kept to be retried at the next `submit` and at `close`. The
+    local shards stay the source of truth: a shard that never reached the Hub is still on disk and listed by `close`.
+    Pushing a shard again is harmless: unchanged files are skipped, and a shard keeps its name, so the repo never holds
+    two copies of it.
+
+    Args:
+        repo_id: the dataset repo, `"org/name"`; created (as a dataset repo) on the first push if it does not exist.
+        token: a Hub token with write access; defaults to the logged-in one (`hf auth login` or `HF_TOKEN`).
+        private: visibility of the repo if the pusher creates it; ignored for an existing repo.
+        max_retries: attempts after the first one before a push counts as failed.
+        backoff: seconds before the first retry; doubled at each retry, up to `max_backoff`.
+        max_backoff: the longest wait between two attempts, in seconds.
+        endpoint: the Hub URL; defaults to `HF_ENDPOINT` (https://huggingface.co).
+        license: license written in the dataset card when the card is rendered here.
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        token: str | None = None,
+        private: bool | None = None,
+        max_retries: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        endpoint: str | None = None,
+        license: str | None = None,
+    ):
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as error:
+            raise ValueError(f"SeedHubPusher got an invalid repo_id {repo_id!r}: {error} Use 'org/name'.") from None
+        if max_retries < 0 or backoff < 0 or max_backoff < 0:
+            raise ValueError(
+                f"SeedHubPusher needs max_retries, backoff and max_backoff >= 0, got {max_retries}, {backoff}, "
+                f"{max_backoff}."
+            )
+        self.repo_id, self.private, self.license = repo_id, private, license
+        self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
+        self._api = HfApi(endpoint=endpoint, token=token)
+        # Kept only to scrub it from messages: the client's errors should never hold it, but a log line must not rely
+        # on that.
+        self._secret = token if isinstance(token, str) else get_token()
+        self._card_text: str | None = None
+        self._repo_ready = False
+
+        self._lock = threading.Condition()
+        self._queue: deque[Path] = deque()
+        self._in_flight: Path | None = None
+        self._pending: dict[Path, None] = {}  # pushes that failed every attempt, oldest first
+        self._pushed: dict[str, Path] = {}
+        self._failed_attempts = 0
+        self._failed_pushes = 0
+        self._last_error: str | None = None
+        self._closing = False
+        self._abort = threading.Event()
+        self._worker: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"SeedHubPusher(repo_id={self.repo_id!r}, endpoint={self._api.endpoint!r})"
+
+    def __enter__(self) -> SeedHubPusher:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the trainer's side: never blocks on the network --------------------------------------------------------
+    def submit(self, shard_path: str | Path, card_text: str | None = None) -> None:
+        """Queues `shard_path` for upload and returns at once; shards whose earlier push failed are queued again first.
+
+        `card_text` replaces the dataset card from this push on; while none was ever given, the card is rendered from
+        the `manifest.json` next to the shard.
+        """
+        shard = Path(shard_path).resolve()
+        if not shard.is_file():
+            raise FileNotFoundError(
+                f"SeedHubPusher.submit got {shard}, which is not a file; pass a written seed shard."
+            )
+        with self._lock:
+            if self._closing:
+                raise RuntimeError(f"{self!r} is closed; create a new SeedHubPusher to push more shards.")
+            if card_text is not None:
+                self._card_text = card_text
+            for retry in list(self._pending):
+                self._enqueue(retry)
+            self._pending.clear()
+            self._enqueue(shard)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name=f"seed-hub-pusher:{self.repo_id}", daemon=True)
+                self._worker.start()
+            self._lock.notify_all()
+
+    def status(self) -> dict:
+        """Counts for the trainer's metrics: shards pushed, not (yet) on the Hub, failed attempts and the last error."""
+        with self._lock:
+            return {
+                "pushed": len(self._pushed),
+                "pending": len(self._queue) + (self._in_flight is not None) + len(self._pending),
+                "failed_attempts": self._failed_attempts,
+                "failed_pushes": self._failed_pushes,
+                "last_error": self._last_error,
+            }
+
+    def close(self, timeout: float | None = None) -> list[Path]:
+        """Pushes what is queued or failed before, waiting up to `timeout` seconds; returns the shards not pushed."""
+        with self._lock:
+            if not self._closing:
+                self._closing = True
+                for retry in list(self._pending):
+                    self._enqueue(retry)
+                self._pending.clear()
+            self._lock.notify_all()
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+            if worker.is_alive():
+                # Stop between attempts; a request already sent is left to finish in the (daemon) thread.
+                self._abort.set()
+        with self._lock:
+            not_pushed = list(
+                dict.fromkeys([*self._pending, *self._queue, *([self._in_flight] if self._in_flight else [])])
+            )
+        if not_pushed:
+            logger.warning(
+                "%d seed shard(s) were not pushed to the Hub dataset %s (last error: %s). They are on disk: %s. "
+                "Upload them later with `hf upload %s <shard> data/<shard name> --repo-type dataset`.",
+                len(not_pushed),
+                self.repo_id,
+                self._last_error,
+                ", ".join(str(path) for path in not_pushed),
+                self.repo_id,
+            )
+        return not_pushed
+
+    # -- the worker's side ------------------------------------------------------------------------------------
+    def _enqueue(self, shard: Path) -> None:
+        if shard not in self._queue and shard != self._in_flight:
+            self._queue.append(shard)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._lock.wait()
+                if not self._queue or self._abort.is_set():
+                    return
+                shard = self._in_flight = self._queue.popleft()
+            pushed = self._push_with_retries(shard)
+            with self._lock:
+                self._in_flight = None
+                if pushed:
+                    self._pushed[shard.name] = shard
+                else:
+                    self._pending[shard] = None
+                self._lock.notify_all()
+
+    def _push_with_retries(self, shard: Path) -> bool:
+        attempts = 0
+        while not self._abort.is_set():
+            attempts += 1
+            try:
+                self._push(shard)
+                return True
+            except Exception as error:  # noqa: BLE001 - a failed upload must never reach the training loop
+                # One line, so that it reads well as a metric and in a log line.
+                message = self._redact(" ".join(f"{type(error).__name__}: {error}".split()))
+                with self._lock:
+                    self._failed_attempts += 1
+                    self._last_error = message
+                if attempts > self.max_retries or not _is_retryable(error):
+                    break
+                delay = min(self.backoff * 2 ** (attempts - 1), self.max_backoff)
+                logger.info(
+                    "Push of %s to %s failed (%s); retrying in %.1fs.", shard.name, self.repo_id, message, delay
+                )
+                if self._abort.wait(delay):
+                    break
+        with self._lock:
+            self._failed_pushes += 1
+        logger.warning(
+            "Could not push seed shard %s to the Hub dataset %s after %d attempt(s): %s. The shard stays on disk and "
+            "the push is retried at the next submit and at close.",
+            shard.name,
+            self.repo_id,
+            attempts,
+            self._last_error,
+        )
+        return False
+
+    def _push(self, shard: Path) -> None:
+        if not self._repo_ready:
+            self._api.create_repo(self.repo_id, repo_type="dataset", private=self.private, exist_ok=True)
+            self._repo_ready = True
+        with self._lock:
+            card_text = self._card_text
+        if card_text is None:
+            card_text = str(dataset_card_for_shard(shard, self.repo_id, license=self.license))
+        operations = [
+            CommitOperationAdd(path_in_repo=f"{DATA_DIR}/{shard.name}", path_or_fileobj=str(shard)),
+            CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card_text.encode()),
+        ]
+        self._api.create_commit(
+            self.repo_id, operations, commit_message=f"Add seed shard {shard.name}", repo_type="dataset"
+        )
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "<token>") if self._secret else text
+
+
+def _is_retryable(error: Exception) -> bool:
+    if isinstance(error, HfHubHTTPError) and error.response is not None:
+        return error.response.status_code in RETRYABLE_STATUS
+    # Connection refused or reset, timeouts: the network or the Hub may come back. A local file error or a bug will not.
+    if isinstance(error, (FileNotFoundError, PermissionError)):
+        return False
+    return isinstance(error, (httpx2.TransportError, ConnectionError, TimeoutError, OSError))
+
+
+def download_seed_dataset(
+    repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None, token: str | None = None
+) -> Path:
+    """Fetches the shards and card of a seed dataset repo into the Hugging Face cache; returns the local folder.
+
+    The shards are under `<folder>/data/`; a folder that is already cached is used without network access, so this
+    also works with `HF_HUB_OFFLINE=1` once the dataset was downloaded.
+    """
+    try:
+        folder = snapshot_download(
+            repo_id,
+            repo_type="dataset",
+            revision=revision,
+            allow_patterns=SEED_DATASET_PATTERNS,
+            cache_dir=cache_dir,
+            token=token,
+        )
+    except RepositoryNotFoundError as error:
+        raise FileNotFoundError(
+            f"The Hub has no dataset repo {repo_id!r} that this token can read ({_endpoint()}). Check the id "
+            "('org/name' of a seed dataset), log in with `hf auth login` if it is private, or pass a local path."
+        ) from error
+    except RevisionNotFoundError as error:
+        raise FileNotFoundError(
+            f"The seed dataset {repo_id!r} has no revision {revision!r}; pass an existing branch, tag or commit."
+        ) from error
+    except LocalEntryNotFoundError as error:
+        if constants.is_offline_mode():
+            raise FileNotFoundError(
+                f"The seed dataset {repo_id!r} is not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
+                "downloading it. Run once with network access (unset HF_HUB_OFFLINE) to cache it, or pass a local "
+                "path (a run's output_dir or its seeds/ folder) as seed_dataset."
+            ) from error
+        raise ConnectionError(
+            f"Could not download the seed dataset {repo_id!r} from {_endpoint()}, and it is not in the cache: "
+            f"{error}. Check the network, or pass a local path as seed_dataset."
+        ) from error
+    folder = Path(folder)
+    if not any((folder / DATA_DIR).glob("*.parquet")):
+        raise ValueError(
+            f"The dataset repo {repo_id!r} holds no {DATA_DIR}/*.parquet shards, so it is not a seed dataset written "
+            "by ts_trl. Pass the repo a SeedHubPusher pushed to, or a local seed folder."
+        )
+    return folder
+
+
+def _endpoint() -> str:
+    return constants.ENDPOINT
