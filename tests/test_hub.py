@@ -260,3 +260,30 @@ def test_templates_are_found_from_a_source_checkout():
     assert template_path("model_card.md.j2").is_file() and template_path("dataset_card.md.j2").is_file()
     with pytest.raises(FileNotFoundError, match="Reinstall ts_trl"):
         template_path("missing.md.j2")
+
+
+def test_training_pushes_seeds_and_a_new_run_seeds_from_the_hub(hub, make_trainer, tmp_path):
+    """Train with pushing on, read the seeds back from the (local) Hub, and start another run from its repo id."""
+    trainer = make_trainer(
+        output_dir=str(tmp_path / "first"), push_seeds_to_hub=True, hub_seed_dataset_id=REPO_ID, max_steps=4
+    )
+    trainer.train()
+    local = rows_of([pq.read_table(p) for p in sorted((tmp_path / "first" / "seeds").glob("step-*.parquet"))])
+    assert shard_files(hub) == ["data/step-000002.parquet", "data/step-000004.parquet"]
+    card = DatasetCard(hub.files(REPO_ID)["README.md"].decode())
+    assert "thinking-seeds" in card.data.tags
+    loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))
+    assert sorted(loaded.to_list(), key=lambda row: row["rollout_id"]) == local
+    assert any("hub/pushed" in h for h in trainer.state.log_history)
+
+    model_card = ModelCard((tmp_path / "first" / "README.md").read_text())
+    assert {"trl", "grpo", "thinking-seeds"} <= set(model_card.data.tags)
+    assert "seed_fraction" in model_card.text and "Thinking Seeds" in model_card.text
+
+    second = make_trainer(output_dir=str(tmp_path / "second"), seed_dataset=REPO_ID, max_steps=1, save_steps=10)
+    assert len(second.seed_bank) == len(local)
+    second.train()
+    from tests.test_trainer import _rows
+
+    origins = {r["seed_origin"] for r in _rows(tmp_path / "second")} - {None}
+    assert origins and origins <= {r["rollout_id"] for r in local}  # seeded from the first run's Hub seeds

@@ -81,7 +81,7 @@ def template_path(name: str) -> Path:
 
 def render_model_card(
     *,
-    base_model: str,
+    base_model: str | None,
     model_name: str,
     hub_model_id: str | None,
     dataset_name: str | None,

@@ -50,6 +50,13 @@ class SeedGRPOConfig(GRPOConfig):
             shards. Must come from a tokenizer with the same vocabulary.
         replay_per_group (`int`, *optional*, defaults to `1`):
             With `seed_method="replay"`: how many of a group's `num_generations` slots are filled by old rollouts.
+
+        > Parameters that control the seed dataset on the Hub
+
+        push_seeds_to_hub (`bool`, *optional*, defaults to `False`):
+            Upload every checkpoint's seed shard to a Hub dataset repo, in the background.
+        hub_seed_dataset_id (`str`, *optional*):
+            The dataset repo (`"org/name"`) for the seeds; defaults to `<hub_model_id>-seeds`.
     """
 
     seed_method: str = field(
@@ -91,6 +98,14 @@ class SeedGRPOConfig(GRPOConfig):
         default=1, metadata={"help": "seed_method='replay': group slots filled by old rollouts."}
     )
 
+    push_seeds_to_hub: bool = field(
+        default=False,
+        metadata={"help": "Upload each checkpoint's seed shard to a Hub dataset repo, in the background."},
+    )
+    hub_seed_dataset_id: str | None = field(
+        default=None, metadata={"help": "Dataset repo ('org/name') for the seeds; defaults to '<hub_model_id>-seeds'."}
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.seed_method not in SEED_METHODS:
@@ -113,6 +128,13 @@ class SeedGRPOConfig(GRPOConfig):
             raise ValueError(f"prefix_is_clip must be positive, got {self.prefix_is_clip}.")
         if self.seed_min_age < 0:
             raise ValueError(f"seed_min_age must be >= 0, got {self.seed_min_age}.")
+        if self.push_seeds_to_hub and self.hub_seed_dataset_id is None:
+            if self.hub_model_id is None:
+                raise ValueError(
+                    "push_seeds_to_hub=True needs a dataset repo: set hub_seed_dataset_id='org/name' (or hub_model_id, "
+                    "whose '<hub_model_id>-seeds' is then used)."
+                )
+            self.hub_seed_dataset_id = f"{self.hub_model_id}-seeds"
         if self.seed_method == "replay" and not 1 <= self.replay_per_group < self.num_generations:
             raise ValueError(
                 f"replay_per_group must lie in [1, num_generations) = [1, {self.num_generations}), "

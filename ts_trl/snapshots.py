@@ -254,3 +254,4 @@ class SeedSnapshotCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.trainer.write_seed_snapshot(state.global_step, final=True)
+        self.trainer.finish_seed_pushes()

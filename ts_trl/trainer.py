@@ -20,11 +20,11 @@ is GRPO's group mean over the `num_generations` continuations of the same cut.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import secrets
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from trl import GRPOTrainer
 
 from .bank import Rollout, Seed, SeedBank
+from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
 from .cutting import Cut, SeedCollator, Splice, boundary_token_ids, choose_cut, draw_ratio, prefix_importance_weights
 from .data import prompt_id_of
@@ -54,6 +55,7 @@ from .snapshots import (
 )
 
 logger = logging.getLogger(__name__)
+HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
 
 # The GRPOTrainer hooks this trainer overrides or calls; tests/test_trl_hooks.py checks their signatures.
 TRL_HOOKS = (
@@ -119,13 +121,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
         "id": None,
         # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @article{sun2026thinkingseeds,
-                title        = {{Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States}},
-                author       = {Chenxi Sun and Deyi Xiong and Lei Yang and Renren Jin and Wei Bi},
-                year         = 2026,
-                journal      = {arXiv preprint},
-            }"""),
+        "citation": THINKING_SEEDS_CITATION,
     }
 
     def __init__(self, model, reward_funcs=None, args: SeedGRPOConfig | None = None, train_dataset=None, **kwargs):
@@ -150,7 +146,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._model_name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
         self._external_seeds = None
         if args.seed_dataset is not None:
-            self._external_seeds = load_seed_table(args.seed_dataset, self._tokenizer_fp, len(self._tokenizer))
+            source = _local_seed_dataset(args.seed_dataset)
+            self._external_seeds = load_seed_table(source, self._tokenizer_fp, len(self._tokenizer))
             fill_bank(self.seed_bank, self._external_seeds, external=True)
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
@@ -162,8 +159,13 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._generation_key = (-1, 0)  # (global step, generations at that step), part of every rollout id
         self.run_id: str | None = None
         self._manifest: SeedManifest | None = None
+        self.seed_pusher = None
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self))
+            if args.push_seeds_to_hub and self.accelerator.is_main_process:
+                from .hub import SeedHubPusher
+
+                self.seed_pusher = SeedHubPusher(args.hub_seed_dataset_id, token=args.hub_token)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Validation and run set-up
@@ -514,8 +516,41 @@ class SeedGRPOTrainer(GRPOTrainer):
             self._manifest.record(path.name, step, table.num_rows)
             self._manifest.save()
             self._unsnapshotted = []
+            if self.seed_pusher is not None:
+                self.seed_pusher.submit(path)  # returns at once; the upload runs in the background
+                for name, value in self.seed_pusher.status().items():
+                    if isinstance(value, int):
+                        self._metrics["train"][f"hub/{name}"].append(value)
         self.seed_bank.mark_snapshotted()
         return path
+
+    def finish_seed_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
+        """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
+        if self.seed_pusher is not None:
+            self.seed_pusher.close(timeout=timeout)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""
+        if not self.is_world_process_zero():
+            return
+        name_or_path = getattr(self.model.config, "_name_or_path", None)
+        history = self.state.log_history
+        metrics = {}
+        for key in ("reward", "seeds/seeded_group_share", "seeds/reward_seeded", "seeds/reward_unseeded"):
+            values = [h[key] for h in history if key in h]
+            if values:
+                metrics[f"{key} (mean over training)"] = float(np.mean(values))
+        card = render_model_card(
+            base_model=name_or_path if name_or_path and not os.path.isdir(name_or_path) else None,
+            model_name=model_name or Path(self.args.output_dir).name,
+            hub_model_id=self.args.hub_model_id,
+            dataset_name=dataset_name,
+            seed_dataset_id=self.args.hub_seed_dataset_id if self.args.push_seeds_to_hub else None,
+            is_peft=hasattr(self.model, "peft_config"),
+            seed_config={f.name: getattr(self.args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
+            metrics=metrics,
+        )
+        card.save(os.path.join(self.args.output_dir, "README.md"))
 
     def write_checkpoint_pointer(self, step: int) -> None:
         """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""
@@ -525,6 +560,15 @@ class SeedGRPOTrainer(GRPOTrainer):
         shards = [s for s in self._manifest.shards if s["step"] <= step]
         payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
         atomic_write_json(folder / CHECKPOINT_POINTER, payload)
+
+
+def _local_seed_dataset(seed_dataset: str) -> str | Path:
+    """A local path as is; a Hub id ('org/name') that is not a local path is downloaded (or read from the cache)."""
+    if Path(seed_dataset).expanduser().exists() or seed_dataset.count("/") != 1 or seed_dataset.startswith((".", "/")):
+        return seed_dataset
+    from .hub import download_seed_dataset
+
+    return download_seed_dataset(seed_dataset)
 
 
 def _prompt_key(row: dict) -> str:
