@@ -118,4 +118,6 @@ def to_prompt_dataset(
         return out
 
     # Build the new rows in one pass and drop the source columns, whose names (e.g. GSM8K's `answer`) we reuse.
-    return dataset.map(convert, remove_columns=columns)
+    converted = dataset.map(convert, remove_columns=columns)
+    order = ["prompt", "prompt_id", "answer" if math else "tests"] + (["entry_point"] if has_entry_point else [])
+    return converted.select_columns(order)
