@@ -153,3 +153,10 @@ def test_early_exit_and_fake_verdicts_do_not_pass(program):
 def test_program_cannot_read_its_tests():
     program = "import os\nassert not [f for f in os.listdir('.') if f.endswith(('.py', '.json'))], os.listdir('.')\n"
     assert _run(program + CORRECT_ADD)[0] == 1.0
+
+
+def test_stdio_program_that_hangs_costs_one_timeout_not_one_per_case():
+    cases = '{"inputs": ["1\\n", "2\\n", "3\\n"], "outputs": ["1", "2", "3"]}'
+    started = time.monotonic()
+    assert reward(["```python\nwhile True:\n    pass\n```"], [cases]) == [0.0]
+    assert time.monotonic() - started < 2 * TIMEOUT

@@ -1,12 +1,11 @@
-"""Sandbox harness, run by `sandbox.py` as `python -I -B _harness.py CONFIG` inside the namespaces it made; stdlib only.
+"""Sandbox harness, run by `sandbox.py` as `python -I -B _harness.py CONFIG` inside its namespaces; stdlib only."""
 
-Three processes: the *keeper* (root in the namespaces; pid 1 of the pid namespace when there is one) mounts the
-private /tmp, then forks the *guard*, which sets the rlimits, drops to the throwaway uid and forks the *worker*, which
-runs the untrusted program and then the tests. A kill of the worker's parent (the guard) is a failure the keeper sees.
-In tests mode the worker's one verdict line is `<nonce> <json list of passed test units>`; the nonce came through a
-pipe that the keeper read and closed before any untrusted code ran, so the program cannot print a valid verdict
-itself, and exiting early (sys.exit, os._exit, a signal) leaves no verdict at all.
-"""
+# Three processes: the *keeper* (root in the namespaces; pid 1 of the pid namespace when there is one) mounts the
+# private /tmp, then forks the *guard*, which sets the rlimits, drops to the throwaway uid and forks the *worker*, which
+# runs the untrusted program and then the tests. Killing the worker's parent (the guard) is a failure the keeper sees.
+# In tests mode the worker's one verdict line is `<nonce> <json list of passed test units>`; the nonce came through a
+# pipe that the keeper read and closed before any untrusted code ran, so the program cannot print a valid verdict
+# itself, and exiting early (sys.exit, os._exit, a signal) leaves no verdict at all.
 
 import ctypes
 import json

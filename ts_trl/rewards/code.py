@@ -68,6 +68,8 @@ def _score_stdio(program: str, cases: dict, binary: bool, limits: Limits, isolat
         passed += ok
         if binary and not ok:
             return 0.0
+        if result.timed_out:
+            break  # the remaining cases would most likely time out too, each costing a full timeout
     return passed / len(inputs)
 
 

@@ -1,13 +1,12 @@
-"""Runs untrusted Python in a throwaway sandbox: namespaces, a throwaway uid, rlimits, a scrubbed env, capped output.
+"""Runs untrusted Python in a throwaway sandbox; `python -m ts_trl.rewards.sandbox` prints the layers active here."""
 
-Layers, each used when this machine allows it (`python -m ts_trl.rewards.sandbox` prints which are active):
-- `unshare`: new mount, network (loopback only, down), and pid namespaces, as root or inside a user namespace;
-- a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite and the host's files read-only;
-- rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
-- a fresh working directory, also mounted as /tmp, /var/tmp and /dev/shm, removed afterwards;
-- a scrubbed environment, a wall-clock timeout that SIGKILLs the whole process group, capped output;
-- a per-run nonce so that only the harness, after the tests ran, can report a pass (see `_harness.py`).
-"""
+# Layers, each used when this machine allows it, because a reward must never let a sampled program touch the host:
+# - `unshare`: new mount, network (loopback only, down) and pid namespaces, as root or inside a user namespace;
+# - a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite and the host's files read-only;
+# - rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
+# - a fresh working directory, also mounted as /tmp, /var/tmp and /dev/shm, removed afterwards;
+# - a scrubbed environment, a wall-clock timeout that SIGKILLs the whole process group, capped output;
+# - a per-run nonce so that only the harness, after the tests ran, can report a pass (see `_harness.py`).
 
 from __future__ import annotations
 
