@@ -8,6 +8,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.conftest import tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.snapshots import rollouts_to_table, tokenizer_fingerprint, write_shard
@@ -324,9 +325,7 @@ def test_seeding_from_another_runs_seed_dataset(make_trainer, tokenizer, tmp_pat
     (tmp_path / "ext").mkdir()
     write_shard(table, tmp_path / "ext" / "step-000040.parquet")
 
-    import tests.conftest as c
-
-    trainer = make_trainer(seed_dataset=str(tmp_path / "ext"), max_steps=2, save_steps=10, dataset=c.tiny_prompts(4))
+    trainer = make_trainer(seed_dataset=str(tmp_path / "ext"), max_steps=2, save_steps=10, dataset=tiny_prompts(4))
     trainer.train()
     rows = _rows(trainer.args.output_dir)
     from_external = [r for r in rows if (r["seed_origin"] or "").startswith("ext-")]
@@ -366,3 +365,19 @@ def test_invariant_9_bad_input_fails_at_construction(make_trainer, tokenizer, tm
     write_shard(bare, tmp_path / "bare" / "s.parquet")
     with pytest.raises(ValueError, match="logprobs"):
         make_trainer(seed_dataset=str(tmp_path / "bare"))
+
+
+def test_fully_seeded_batches_generate_only_the_budget_left(make_trainer):
+    trainer = make_trainer(seed_fraction=1.0, max_steps=6, save_steps=1, dataset=tiny_prompts(2))
+    budgets = []
+    original = trainer.model.generate
+
+    def spy(*args, **kwargs):
+        budgets.append(kwargs["generation_config"].max_new_tokens)
+        return original(*args, **kwargs)
+
+    trainer.model.generate = spy
+    trainer.train()
+    assert budgets[0] == 12  # nothing to seed from at the first step
+    assert min(budgets) < 12  # later, every group is seeded: the longest remaining budget bounds generation
+    assert trainer.generation_config.max_new_tokens == 12  # restored after each call

@@ -20,6 +20,7 @@ is GRPO's group mean over the `num_generations` continuations of the same cut.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -321,9 +322,10 @@ class SeedGRPOTrainer(GRPOTrainer):
             for ids, seed, cut in zip(prompt_ids, plan.seeds, plan.cuts)
         ]
         spliced = [s.prompt_ids if s is not None else list(ids) for ids, s in zip(prompt_ids, plan.splices)]
-        continuations, logprobs = super()._generate_single_turn(
-            spliced, images, multimodal_fields, num_generations, has_tool_images
-        )
+        with self._generation_budget(plan):
+            continuations, logprobs = super()._generate_single_turn(
+                spliced, images, multimodal_fields, num_generations, has_tool_images
+            )
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, continuations)):
             continuation = list(continuation)
@@ -339,6 +341,25 @@ class SeedGRPOTrainer(GRPOTrainer):
                 sampling_logprobs.append([None] * k + list(logprobs[i][: len(response) - k]))
         plan.response_masks = masks
         return completion_ids, (sampling_logprobs if logprobs is not None else None)
+
+    @contextlib.contextmanager
+    def _generation_budget(self, plan: _GroupPlan):
+        """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
+
+        Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
+        generation steps in lockstep) generates the same number of steps. vLLM keeps its own limit; the continuation
+        is truncated to its budget afterwards in every case.
+        """
+        budget = int(self.max_completion_length - plan.global_prefix_len.min())
+        if self.use_vllm or budget >= self.max_completion_length:
+            yield
+            return
+        saved = self.generation_config.max_new_tokens, self.generation_kwargs.get("max_new_tokens")
+        self.generation_config.max_new_tokens = self.generation_kwargs["max_new_tokens"] = budget
+        try:
+            yield
+        finally:
+            self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
 
     def _generate(self, prompts):
         result = super()._generate(prompts)
