@@ -181,15 +181,13 @@ class SeedGRPOTrainer(GRPOTrainer):
             )
         if not hasattr(dataset, "__len__"):
             return  # an IterableDataset is checked batch by batch
-        sample = dataset.select(range(min(len(dataset), 2000))) if hasattr(dataset, "select") else dataset
-        max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        longest = 0
-        for index, row in enumerate(sample):
-            prompt = row["prompt"]
+        prompts = dataset.select(range(min(len(dataset), 2000)))["prompt"] if hasattr(dataset, "select") else []
+        for index, prompt in enumerate(prompts):
             if not prompt or (isinstance(prompt, str) and not prompt.strip()):
                 raise ValueError(f"Row {index} of the training dataset has an empty prompt; drop or fill it.")
-            if max_positions is not None and isinstance(prompt, str):
-                longest = max(longest, len(self._tokenizer(prompt)["input_ids"]))
+        max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        texts = [p for p in prompts if isinstance(p, str)]
+        longest = max((len(ids) for ids in self._tokenizer(texts)["input_ids"]), default=0) if texts else 0
         if max_positions is not None and longest + self.max_completion_length > max_positions:
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
