@@ -133,10 +133,11 @@ def test_pass_at_1_is_deterministic_per_seed_and_supports_greedy(tokenizer):
         return [float(completion[:1] in "0123456789") for completion in completions]
 
     kwargs = dict(max_new_tokens=4, batch_size=4, num_samples=3)
+    threads = torch.get_num_threads()
     first = sample_rewards(model, tokenizer, held_out, first_digit_reward, seed=7, **kwargs)
     assert first == sample_rewards(model, tokenizer, held_out, first_digit_reward, seed=7, **kwargs)
     assert len(first) == 6 and all(len(samples) == 3 for samples in first)
-    assert tokenizer.padding_side == "right" and model.training  # both restored
+    assert tokenizer.padding_side == "right" and model.training and torch.get_num_threads() == threads  # restored
 
     greedy = sample_rewards(model, tokenizer, held_out, first_digit_reward, temperature=0, seed=1, **kwargs)
     assert all(len(set(samples)) == 1 for samples in greedy)  # greedy samples of one prompt are copies

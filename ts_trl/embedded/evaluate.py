@@ -9,6 +9,8 @@ import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
 
+from ts_trl.embedded.cpu import torch_threads
+
 
 @torch.no_grad()
 def sample_rewards(
@@ -22,12 +24,14 @@ def sample_rewards(
     num_samples: int = 1,
     seed: int = 0,
     progress: bool = False,
+    num_threads: int | None = 1,
 ) -> list[list[float]]:
     """Generates `num_samples` completions per prompt and returns their rewards, one list per prompt.
 
     `temperature=0` decodes greedily (then extra samples are copies). Sampling matches GRPO's (no top-k, no top-p)
     and is deterministic given `seed` and `batch_size`. `reward_fn` gets the completions and, like in TRL, every
-    dataset column as a keyword; a `None` reward (cannot score) counts as a failure.
+    dataset column as a keyword; a `None` reward (cannot score) counts as a failure. `num_threads` is torch's thread
+    count while generating (`None`: leave it).
     """
     rows = [row for row in dataset for _ in range(num_samples)]
     was_training, padding_side = model.training, tokenizer.padding_side
@@ -38,7 +42,7 @@ def sample_rewards(
     sampling = sampling or {"do_sample": False}
     rewards: list[float] = []
     try:
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(), torch_threads(num_threads):
             torch.manual_seed(seed)
             for start in tqdm(range(0, len(rows), batch_size), desc="evaluating", disable=not progress):
                 batch = rows[start : start + batch_size]
@@ -84,9 +88,20 @@ def pass_at_1(
     num_samples: int = 1,
     seed: int = 0,
     progress: bool = False,
+    num_threads: int | None = 1,
 ) -> float:
     """The mean reward over `num_samples` completions per prompt; at temperature 1.0 this is GRPO's pass rate."""
     rewards = sample_rewards(
-        model, tokenizer, dataset, reward_fn, max_new_tokens, batch_size, temperature, num_samples, seed, progress
+        model,
+        tokenizer,
+        dataset,
+        reward_fn,
+        max_new_tokens,
+        batch_size,
+        temperature,
+        num_samples,
+        seed,
+        progress,
+        num_threads,
     )
     return pass_at_k(rewards, 1)

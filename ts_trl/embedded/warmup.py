@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
+from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
 from ts_trl.tiny import build_tiny_model, build_tokenizer
 
@@ -37,6 +38,7 @@ def warm_up(
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
     progress: bool = True,
+    num_threads: int | None = 1,
 ):
     """Trains `model` with next-token loss on "prompt + solution + <eos>" for `steps` AdamW steps and returns it.
 
@@ -47,7 +49,8 @@ def warm_up(
 
     The result is cached under `cache_dir` (default `$TS_TRL_CACHE/warmup`, `TS_TRL_CACHE` defaulting to
     `~/.cache/ts_trl`) in a folder named by a hash of every setting and of the initial weights; a later call with the
-    same inputs loads it into `model` instead of training.
+    same inputs loads it into `model` instead of training. `num_threads` is torch's thread count while training
+    (`None`: leave it); it is not part of the cache key.
     """
     settings = {
         "version": CACHE_VERSION,
@@ -67,7 +70,8 @@ def warm_up(
         model.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
         return model
 
-    _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress)
+    with torch_threads(num_threads):
+        _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress)
     if use_cache:
         _save_atomically(model, tokenizer, path, settings)
     return model
