@@ -45,7 +45,8 @@ def warm_up(
     Every step draws fresh train-pool problems, each with a uniformly random solution path, so the model starts RL
     spread over the paths. The loss covers the solution and EOS only: the prompt's numbers are random, and fitting
     them would spend the small model's capacity on noise. The defaults leave sampled held-out pass@1 well below 1 so
-    that RL has room to improve.
+    that RL has room to improve: with the default task and model, 600 steps took 86 s on 2 busy shared cores and gave
+    held-out pass@1 0.245 sampled at temperature 1 (pass@8 0.885) and 0.425 greedy.
 
     The result is cached under `cache_dir` (default `$TS_TRL_CACHE/warmup`, `TS_TRL_CACHE` defaulting to
     `~/.cache/ts_trl`) in a folder named by a hash of every setting and of the initial weights; a later call with the
@@ -68,7 +69,7 @@ def warm_up(
     path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
     if use_cache and path.is_dir():
         model.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
-        return model
+        return model.eval()  # the same mode as a model fresh from `_train`
 
     with torch_threads(num_threads):
         _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress)
