@@ -238,3 +238,208 @@ def test_passrate_selection_steers_groups_toward_half(tmp_path, tokenizer):
     for prompt_id in hard | easy:
         passes = first_step[(prompt_id, 0)]
         assert asked[1][prompt_id] == pytest.approx(np.mean(passes))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The analysis commands, run on the tiny model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Two differently initialised tiny models saved as checkpoints A and B, and a small prompt set."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    tokenizer = c.build_tokenizer()
+    for name, seed in (("A", 0), ("B", 1)):
+        c.build_tiny_model(tokenizer, seed=seed).save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Q: {i}+{i + 1}=", "answer": str(2 * i + 1)}) + "\n" for i in range(5))
+    )
+    return folder
+
+
+def _printed_table(text: str, first_word: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_word))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line[:1].isdigit():
+            break
+        rows.append(line.replace("[", " ").replace("]", " ").replace(",", " ").split())
+    return rows
+
+
+def test_relay_numbers_match_the_samples(checkpoints, tmp_path, capsys):
+    import csv
+
+    from ts_trl.commands import main
+
+    out = tmp_path / "relay"
+    status = main(
+        [
+            "relay",
+            "--checkpoint-a", str(checkpoints / "A"),
+            "--checkpoint-b", str(checkpoints / "B"),
+            "--prompts", str(checkpoints / "prompts.jsonl"),
+            "--reward", "tests.conftest:count_reward",  # a reward with spread on the random models' text
+            "--ratios", "0", "0.5", "0.8",
+            "--samples", "2",  # 10 solutions of A, each relayed at 3 ratios
+            "--max-new-tokens", "10",
+            "--output-dir", str(out),
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0 and f"wrote {out / 'relay.csv'}" in printed
+    assert (out / "relay.png").stat().st_size > 10_000
+    samples = list(csv.DictReader(open(out / "relay_samples.csv")))
+    tokenizer = c.build_tokenizer()
+    a_alone = {(s["prompt_id"], s["sample"]): s for s in samples if s["condition"] == "a_alone"}
+    for s in samples:
+        # the reward of every response, recomputed; its length within budget
+        assert float(s["reward"]) == c.count_reward([s["response"]])[0]
+        assert int(s["response_tokens"]) <= 10
+        if s["condition"] == "b_from_a":  # B continued A's own solution, cut at floor(r * len)
+            a_ids = a_alone[(s["prompt_id"], s["sample"])]["response_ids"].split()
+            length = len(a_ids) - (a_ids[-1] == str(tokenizer.eos_token_id))  # EOS is not part of the solution
+            k = int(s["prefix_tokens"])
+            assert k == int(float(s["ratio"]) * length)
+            assert s["response_ids"].split()[:k] == a_ids[:k]
+    table = _printed_table(printed, "ratio")
+    assert [float(row[0]) for row in table] == [0.0, 0.5, 0.8]
+    for row in table:
+        ratio = float(row[0])
+        for j, condition in enumerate(("b_from_a", "a_alone", "b_alone")):
+            chosen = [s for s in samples if s["condition"] == condition]
+            if condition == "b_from_a":
+                chosen = [s for s in chosen if float(s["ratio"]) == ratio]
+            assert len(chosen) == 10
+            passes = sum(float(s["reward"]) > 0 for s in chosen)
+            rate, low, high = (float(x) for x in row[1 + 3 * j : 4 + 3 * j])
+            assert rate == pytest.approx(passes / 10, abs=5e-4)
+            # Wilson interval by hand (z = 1.96)
+            z, p = 1.959964, passes / 10
+            centre = (p + z * z / 20) / (1 + z * z / 10)
+            half = z * np.sqrt(p * (1 - p) / 10 + z * z / 400) / (1 + z * z / 10)
+            assert (low, high) == pytest.approx((max(0, centre - half), min(1, centre + half)), abs=5e-4)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--checkpoint-a", "/nonexistent/A"], "checkpoint A '/nonexistent/A' does not exist"),
+        (["--ratios", "0.5", "1.0"], "cut ratios must lie in [0, 1)"),
+        (["--prompts", "/nonexistent.jsonl"], "prompt set '/nonexistent.jsonl' does not exist"),
+    ],
+)
+def test_relay_rejects_bad_input_in_one_line(checkpoints, tmp_path, capsys, argv, message):
+    from ts_trl.commands import main
+
+    base = {"--checkpoint-a": str(checkpoints / "A"), "--checkpoint-b": str(checkpoints / "B")}
+    base["--prompts"] = str(checkpoints / "prompts.jsonl")
+    base["--output-dir"] = str(tmp_path)
+    for flag, value in zip(argv[::2], argv[1::2]):
+        base[flag] = value
+    args = [x for flag, value in base.items() for x in (flag, value)]
+    if "--ratios" in argv:
+        args += ["--ratios", *argv[argv.index("--ratios") + 1 :]]
+    assert main(["relay", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+@pytest.fixture(scope="module")
+def seed_run(tmp_path_factory):
+    """A short seeded run: its seed dataset and checkpoints feed `positions`."""
+    output_dir = tmp_path_factory.mktemp("positions") / "run"
+    tokenizer = c.build_tokenizer()
+    args = _config(output_dir, max_steps=4, save_steps=2, seed_fraction=0.5)
+    trainer = SeedGRPOTrainer(
+        model=c.build_tiny_model(tokenizer),
+        reward_funcs=c.count_reward,
+        args=args,
+        train_dataset=c.tiny_prompts(4),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    return output_dir
+
+
+def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsys, tokenizer):
+    """On a seed dataset of one rollout, each bucket's numbers are that rollout's, recomputed here by hand."""
+    from transformers import AutoModelForCausalLM
+
+    from ts_trl.commands import main
+
+    table = pq.read_table(seed_run / "seeds" / "step-000002.parquet")
+    one = table.filter(
+        pq.ParquetFile(seed_run / "seeds" / "step-000002.parquet").read().column("step").to_numpy() == 0
+    )
+    one = one.slice(0, 1)
+    (tmp_path / "one").mkdir()
+    pq.write_table(one, tmp_path / "one" / "step-000002.parquet")
+    row = one.to_pylist()[0]
+    n = len(row["completion_ids"])
+    buckets = 3
+    status = main(
+        ["positions", "--seeds", str(tmp_path / "one"), "--checkpoint", str(seed_run / "checkpoint-4"),
+         "--buckets", str(buckets), "--threshold", "-4.5", "--output-dir", str(tmp_path / "out")]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0 and (tmp_path / "out" / "positions.png").stat().st_size > 10_000
+
+    model = AutoModelForCausalLM.from_pretrained(seed_run / "checkpoint-4").eval()
+    prompt_ids = tokenizer(row["prompt"])["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + row["completion_ids"]])).logits[0, len(prompt_ids) - 1 : -1]
+    current = torch.log_softmax(logits, -1).gather(1, torch.tensor(row["completion_ids"])[:, None])[:, 0].numpy()
+    d = current - np.array(row["logprobs"])
+    k3 = np.exp(d) - 1 - d
+    import csv
+
+    written = list(csv.DictReader(open(tmp_path / "out" / "positions.csv")))
+    printed_rows = _printed_table(printed, "bucket")
+    for b in range(buckets):
+        positions = [t for t in range(n) if t * buckets // n == b]
+        end = positions[-1] + 1
+        expected = {
+            "mean_log_ratio": d[positions].mean(),
+            "kl_k3": k3[positions].mean(),
+            "cum_kl_k3": k3[:end].sum(),
+            "cum_log_ratio": d[:end].sum(),
+            "coverage": float(current[:end].mean() >= -4.5),
+        }
+        for key, value in expected.items():
+            assert float(written[b][key]) == pytest.approx(value, abs=1e-4), (b, key)
+        assert float(printed_rows[b][3]) == pytest.approx(expected["mean_log_ratio"], abs=1e-4)
+        assert float(printed_rows[b][4]) == pytest.approx(expected["kl_k3"], abs=1e-4)
+    assert d.std() > 0  # the checkpoint has moved away from the behaviour policy: the test is not vacuous
+
+
+def test_positions_rejects_another_tokenizer_and_missing_checkpoint(seed_run, tmp_path, capsys):
+    from ts_trl.bank import Rollout
+    from ts_trl.commands import main
+    from ts_trl.snapshots import rollouts_to_table, write_shard
+
+    (tmp_path / "other").mkdir()
+    other = Rollout("o", "p", "Q: 1+2=", "c", [5, 6, 7], [-1.0] * 3, 0.0, 1)
+    write_shard(rollouts_to_table([other], "c", "m", "0123456789abcdef", []), tmp_path / "other" / "s.parquet")
+    assert main(["positions", "--seeds", str(tmp_path / "other"), "--checkpoint", str(seed_run / "checkpoint-4")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "another vocabulary" in err and "\n" not in err
+    assert main(["positions", "--seeds", str(seed_run), "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_commands_dispatch_and_module_entry_points(capsys):
+    import subprocess
+    import sys
+
+    from ts_trl.commands import COMMANDS, main
+
+    assert main(["nonsense"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+    assert set(COMMANDS) == {"relay", "positions", "compare"}
+    for name in COMMANDS:
+        done = subprocess.run([sys.executable, "-m", f"ts_trl.{name}", "--help"], capture_output=True, text=True)
+        assert done.returncode == 0 and f"ts_trl {name}" in done.stdout
