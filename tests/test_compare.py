@@ -443,3 +443,48 @@ def test_commands_dispatch_and_module_entry_points(capsys):
     for name in COMMANDS:
         done = subprocess.run([sys.executable, "-m", f"ts_trl.{name}", "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and f"ts_trl {name}" in done.stdout
+
+
+def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
+    import csv
+
+    pytest.importorskip("ts_trl.embedded.warmup")
+    from ts_trl.commands import main
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))  # a fresh 2-step warm-up, not the user's cache
+    out = tmp_path / "compare"
+    status = main(
+        ["compare", "--quick", "--methods", "none", "seeds-state", "--num-seeds", "2", "--steps", "2",
+         "--n-train", "4", "--n-eval", "4", "--eval-samples", "1", "--warmup-steps", "2", "--output-dir", str(out)]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0 and f"wrote {out / 'compare.md'}" in printed
+    assert (out / "compare.png").stat().st_size > 10_000
+    runs = list(csv.DictReader(open(out / "compare.csv")))
+    assert sorted((r["method"], r["seed"]) for r in runs) == sorted(
+        (m, s) for m in ("none", "seeds-state") for s in ("0", "1")
+    )  # two methods only: replay and seeds-action train through the same code, tested above; CI time is short
+    table = [line.split("|")[1:-1] for line in printed.splitlines() if line.startswith("| ") and "±" in line]
+    table = [cells for cells in table if cells[0].strip() != "method"]
+    assert len(table) == 2
+    for cells in table:
+        method = cells[0].strip()
+        chosen = [r for r in runs if r["method"] == method]
+        scores = np.array([float(r["pass_at_1"]) for r in chosen])
+        mean, std = (float(x) for x in cells[1].split("±"))
+        assert mean == pytest.approx(scores.mean(), abs=5e-4) and std == pytest.approx(scores.std(ddof=1), abs=5e-4)
+        tokens = np.mean([int(r["generated_tokens"]) for r in chosen])
+        assert float(cells[3].replace(",", "")) == pytest.approx(tokens, abs=0.5)
+        assert all(int(r["steps"]) == 2 for r in chosen)
+    reused = {r["method"]: int(r["reused_tokens"]) for r in runs}
+    assert reused["none"] == 0
+    # every run banked its rollouts as a seed dataset that `positions` can read
+    assert (out / "runs" / "seeds-state-seed0" / "seeds" / "manifest.json").exists()
+    assert (out / "runs" / "none-seed0" / "final" / "config.json").exists()
+
+
+def test_compare_rejects_bad_budget(capsys):
+    from ts_trl.commands import main
+
+    assert main(["compare", "--steps", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."

@@ -46,8 +46,8 @@ class Budget:
     warmup_steps: int
 
 
-FULL = Budget(120, 512, 256, 8, 8, 48, 4, 20, 300)
-QUICK = Budget(16, 64, 64, 4, 4, 40, 2, 0, 300)
+FULL = Budget(120, 128, 256, 8, 8, 48, 4, 20, 300)
+QUICK = Budget(12, 12, 48, 4, 4, 40, 2, 0, 300)  # 12 prompts: each comes back 4 times, so seeds exist
 
 
 def build_parser() -> argparse.ArgumentParser:
