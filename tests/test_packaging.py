@@ -1,7 +1,8 @@
 """pyproject lists its packages explicitly (for the model_cards mapping): every subpackage must be in that list."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,9 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response.
+  rewards and the loss see the whole response. With `seed_method="replay"`, rows planned as replays are left out of
+  the backend call and filled with a whole stored rollout (planned as a cut at its full length, trained as actions
+  with the same truncated importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
@@ -86,6 +88,9 @@ class _GroupPlan:
     global_seed_age: list[float] = field(default_factory=list)  # per seeded group
     num_groups: int = 0
     num_eligible_groups: int = 0
+    replayed: list[bool] = field(default_factory=list)  # per local row: an old rollout put back whole, not generated
+    global_replayed: np.ndarray | None = None
+    group_keys: list[str] = field(default_factory=list)  # prompt id of every group of the global batch
 
     @property
     def any_seeded(self) -> bool:
@@ -117,6 +122,7 @@ class SeedGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "thinking-seeds"]
+    pass_rate_decay = 0.5  # weight of a prompt's previous pass-rate estimate (seed_selection="passrate")
     _name = "Thinking Seeds"
     _paper = {
         "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
@@ -153,6 +159,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
         self._plan: _GroupPlan | None = None
+        self._pass_rates: dict[str, float] = {}  # prompt id -> moving pass rate of its plain (unseeded) rollouts
         self._pending: list[_PendingRollout] = []
         self._unsnapshotted: list[Rollout] = []  # main process: rollouts since the last snapshot, all ranks
         self._captured_logps: list[torch.Tensor] | None = None
@@ -211,7 +218,7 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _start_seed_run(self, checkpoint: str | None) -> None:
         """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
         self.seed_bank = SeedBank()
-        self._pending, self._unsnapshotted = [], []
+        self._pending, self._unsnapshotted, self._pass_rates = [], [], {}
         if self._external_seeds is not None:
             fill_bank(self.seed_bank, self._external_seeds, external=True)
         manifest = SeedManifest.load(self.seeds_dir)
@@ -281,8 +288,10 @@ class SeedGRPOTrainer(GRPOTrainer):
         rng = np.random.default_rng([args.seed, step, count])
         wanted = rng.random(len(group_keys)) < args.seed_fraction
         candidates = bank.sample(
-            group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only
+            group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self._pass_rates
         )
+        if args.seed_method == "replay":
+            return self._plan_replay(group_keys, wanted, candidates, rng, len(inputs))
         group_seeds, group_cuts = [], []
         for want, seed in zip(wanted, candidates):
             cut = None
@@ -307,6 +316,45 @@ class SeedGRPOTrainer(GRPOTrainer):
             global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
             num_groups=len(group_keys),
             num_eligible_groups=sum(s is not None for s in candidates),
+            replayed=[False] * len(inputs),
+            global_replayed=np.zeros(len(keys), dtype=bool),
+            group_keys=group_keys,
+        )
+
+    def _plan_replay(self, group_keys, wanted, first_candidates, rng, local_size) -> _GroupPlan:
+        """`seed_method="replay"`: the last `replay_per_group` rows of a chosen group are whole old rollouts.
+
+        A replayed row is planned as a "cut" at the rollout's full length (`k = len`, capped by the budget): the same
+        fields then carry it through splicing, the importance weights of `_weight_prefix_actions`, the metrics and the
+        token counts, with nothing left to generate. The slots are drawn with replacement, like the seeds.
+        """
+        args, G, step = self.args, self.num_generations, self.state.global_step
+        sample_args = (args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self._pass_rates)
+        draws = [first_candidates] + [
+            self.seed_bank.sample(group_keys, step, rng, *sample_args) for _ in range(args.replay_per_group - 1)
+        ]
+        seeds: list[Seed | None] = [None] * (len(group_keys) * G)
+        for g, want in enumerate(wanted):
+            group_draws = [d[g] for d in draws]
+            if not want or any(d is None for d in group_draws):
+                continue
+            for slot, seed in enumerate(group_draws):
+                seeds[g * G + G - args.replay_per_group + slot] = seed
+        cuts = [Cut(k=min(len(s.completion_ids), self.max_completion_length), ratio=1.0) if s else None for s in seeds]
+        first = self.accelerator.process_index * local_size
+        rows = slice(first, first + local_size)
+        replayed = np.array([s is not None for s in seeds])
+        return _GroupPlan(
+            seeds=seeds[rows],
+            cuts=cuts[rows],
+            global_seeded=np.zeros(len(seeds), dtype=bool),
+            global_prefix_len=np.array([c.k if c else 0 for c in cuts]),
+            global_seed_age=[step - s.step for s in seeds if s is not None and s.step >= 0],
+            num_groups=len(group_keys),
+            num_eligible_groups=sum(s is not None for s in first_candidates),
+            replayed=list(replayed[rows]),
+            global_replayed=replayed,
+            group_keys=group_keys,
         )
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -316,27 +364,40 @@ class SeedGRPOTrainer(GRPOTrainer):
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         plan.splices = [
-            self.seed_collator(ids, seed.completion_ids, cut) if cut is not None else None
-            for ids, seed, cut in zip(prompt_ids, plan.seeds, plan.cuts)
+            self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
+            for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
         ]
         spliced = [s.prompt_ids if s is not None else list(ids) for ids, s in zip(prompt_ids, plan.splices)]
+        # Replayed rows are left out of the backend call, unless the backend needs whole groups or aligned slices
+        # (vLLM server, tensor-parallel colocate) or per-row multimodal inputs: then they are generated and discarded.
+        generated = [i for i, replayed in enumerate(plan.replayed) if not replayed]
+        if not generated or images is not None or multimodal_fields or not self._backend_takes_any_rows:
+            generated = list(range(len(spliced)))
         with self._generation_budget(plan):
             continuations, logprobs = super()._generate_single_turn(
-                spliced, images, multimodal_fields, num_generations, has_tool_images
+                [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
+        row_continuations, row_logprobs = [None] * len(spliced), [None] * len(spliced)
+        for j, i in enumerate(generated):
+            row_continuations[i] = continuations[j]
+            row_logprobs[i] = logprobs[j] if logprobs is not None else None
         completion_ids, masks, sampling_logprobs = [], [], []
-        for i, (splice, continuation) in enumerate(zip(plan.splices, continuations)):
-            continuation = list(continuation)
-            if splice is None:
+        for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
+            if plan.replayed[i]:  # the old rollout whole: every token trained (as action, IS-weighted), none generated
+                response = list(plan.seeds[i].completion_ids[: plan.cuts[i].k])
+                mask, k, continuation = [1] * len(response), len(response), []
+            elif splice is None:
+                continuation = list(continuation)
                 response, mask, k = continuation, [1] * len(continuation), 0
             else:  # the continuation only gets the budget the prefix leaves
-                response, mask = self.seed_collator.response(splice, continuation, self.max_completion_length)
+                response, mask = self.seed_collator.response(splice, list(continuation), self.max_completion_length)
                 k = len(splice.prefix_ids)
             completion_ids.append(response)
             masks.append(mask)
             if logprobs is not None:
                 # No sampling log-prob for prefix tokens: TRL treats None as "no correction" in its vLLM IS ratio.
-                sampling_logprobs.append([None] * k + list(logprobs[i][: len(response) - k]))
+                generated_logprobs = list(row_logprobs[i][: len(response) - k]) if k < len(response) else []
+                sampling_logprobs.append([None] * k + generated_logprobs)
         plan.response_masks = masks
         return completion_ids, (sampling_logprobs if logprobs is not None else None)
 
@@ -358,6 +419,13 @@ class SeedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    @property
+    def _backend_takes_any_rows(self) -> bool:
+        """Whether the generation backend accepts any subset of the batch's rows (not whole groups, not TP slices)."""
+        if not self.use_vllm:
+            return True
+        return self.vllm_mode == "colocate" and self.vllm_tensor_parallel_size == 1
 
     def _generate(self, prompts):
         result = super()._generate(prompts)
@@ -389,15 +457,23 @@ class SeedGRPOTrainer(GRPOTrainer):
         # Behaviour log-probs: the backend's (vLLM), else the pre-update policy's when TRL computed them, else the
         # training forward's, captured in `_compute_loss` (identical to TRL's own `old_per_token_logps` then).
         current_logps = output.get("old_per_token_logps")
+        self._update_pass_rates(plan, total)
+        # Tokens the current policy did not sample (seed prefixes in "action" mode, replayed rollouts) are trained
+        # with the truncated ratio pi_theta / pi_behaviour.
+        trains_old_tokens = self.args.prefix_mode == "action" or self.args.seed_method == "replay"
         seeded_rows = [i for i, c in enumerate(plan.cuts) if c is not None]
-        if self.args.prefix_mode == "action" and seeded_rows:
+        if trains_old_tokens and seeded_rows:
             if current_logps is None:
                 current_logps = self._policy_logps(output)
             self._weight_prefix_actions(output, plan, current_logps)
 
         step = self.state.global_step
         count = self._generation_key[1]
+        pending_rows = []  # per local row: its index in self._pending, -1 for a replayed row
         for i, row in enumerate(inputs):
+            if plan.replayed[i]:  # already in the bank as the rollout it is; banking it again would duplicate it
+                pending_rows.append(-1)
+                continue
             seed, cut = plan.seeds[i], plan.cuts[i]
             response = plan.completion_ids[i]
             k = cut.k if cut is not None else 0
@@ -422,11 +498,27 @@ class SeedGRPOTrainer(GRPOTrainer):
                 )
             elif current_logps is not None:
                 pending.logprobs = current_logps[i, : len(response)].float().cpu().numpy()
+            pending_rows.append(len(self._pending))
             self._pending.append(pending)
         if plan.sampling_logprobs is None and current_logps is None:
-            base = len(self._pending) - len(inputs)
-            output["seed_rollout_row"] = torch.arange(base, base + len(inputs), device=device)
+            output["seed_rollout_row"] = torch.tensor(pending_rows, device=device)
         self._log_seed_metrics(plan, total, output)
+
+    def _update_pass_rates(self, plan: _GroupPlan, total_rewards: torch.Tensor) -> None:
+        """Moves each prompt's pass rate (share of reward > 0) toward that of its plain rows in this batch.
+
+        Only plain rows count: a seeded or replayed row says how well the policy does from a given state, not from
+        the prompt. The rewards are gathered, so every rank computes the same rates and plans the same seeds.
+        """
+        passed = (total_rewards > 0).cpu().numpy()
+        plain = ~(plan.global_seeded | plan.global_replayed)
+        G, decay = self.num_generations, self.pass_rate_decay
+        for g, key in enumerate(plan.group_keys):
+            rows = slice(g * G, (g + 1) * G)
+            if plain[rows].any():
+                rate = float(passed[rows][plain[rows]].mean())
+                old = self._pass_rates.get(key)
+                self._pass_rates[key] = rate if old is None else decay * old + (1 - decay) * rate
 
     def _policy_logps(self, output) -> torch.Tensor:
         """Per-token log-probs of the completions under the current policy (one no-grad forward pass)."""
@@ -471,8 +563,14 @@ class SeedGRPOTrainer(GRPOTrainer):
             metrics["seeds/reward_seeded"].append(torch.nanmean(total_rewards[seeded]).item())
             if plan.global_seed_age:
                 metrics["seeds/seed_age_mean"].append(float(np.mean(plan.global_seed_age)))
-        if num_seeded_groups < plan.num_groups:
-            metrics["seeds/reward_unseeded"].append(torch.nanmean(total_rewards[~seeded]).item())
+        replayed = torch.as_tensor(plan.global_replayed, device=total_rewards.device)
+        if self.args.seed_method == "replay":
+            metrics["seeds/replayed_rows"].append(int(replayed.sum().item()))
+            if replayed.any():
+                metrics["seeds/reward_replayed"].append(torch.nanmean(total_rewards[replayed]).item())
+        plain = ~(seeded | replayed)
+        if plain.any():
+            metrics["seeds/reward_unseeded"].append(torch.nanmean(total_rewards[plain]).item())
         mask = output["completion_mask"]
         prefix = torch.zeros_like(mask)
         for i, cut in enumerate(plan.cuts):
@@ -503,6 +601,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         finally:
             self._captured_logps = None
         for j, row in enumerate(rows.tolist()):
+            if row < 0:  # a replayed row: its behaviour log-probs are the stored ones
+                continue
             pending = self._pending[row]
             pending.logprobs = logps[j, : len(pending.rollout.completion_ids)]
         return loss

@@ -1,0 +1,1 @@
+"""The analysis commands: `relay`, `positions` and `compare` (one module each, see `ts_trl.commands`)."""
