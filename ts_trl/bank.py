@@ -7,6 +7,7 @@ keeps the positions of its rollouts so `sample` costs time in the rollouts of th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -168,20 +169,7 @@ class SeedBank:
         self.num_snapshotted = len(self)
 
     def get(self, index: int) -> Seed:
-        chunk, start, length = (
-            int(self._chunk.data[index]),
-            int(self._start.data[index]),
-            int(self._length.data[index]),
-        )
-        return Seed(
-            index=index,
-            rollout_id=self.rollout_ids[index],
-            prompt_id=self.prompt_ids[index],
-            completion_ids=self._ids.get(chunk, start, length),
-            logprobs=self._logps.get(chunk, start, length),
-            reward=float(self._reward.data[index]),
-            step=int(self._step.data[index]),
-        )
+        return self._get_many(np.array([index]))[0]
 
     def lookup(self, rollout_id: str) -> Seed:
         return self.get(self._by_rollout_id[rollout_id])
@@ -213,25 +201,60 @@ class SeedBank:
         """
         if selection not in SEED_SELECTIONS:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
-        seeds = []
-        for prompt_id in prompt_ids:
-            candidates = self.eligible(prompt_id, step, min_age, snapshot_only)
-            want = selection
-            if selection == "passrate":
-                rate = (pass_rates or {}).get(prompt_id)
-                want = "uniform" if rate is None else ("success" if rate < 0.5 else "failure")
-            if want == "success":
-                candidates = candidates[self._reward.data[candidates] > 0]
-            elif want == "failure":
-                candidates = candidates[~(self._reward.data[candidates] > 0)]
-            if len(candidates) == 0:
-                seeds.append(None)
-            elif want == "oldest":
-                steps = self._step.data[candidates]
-                seeds.append(self.get(int(candidates[np.argmin(steps)])))
-            else:
-                seeds.append(self.get(int(candidates[rng.integers(len(candidates))])))
+        # Vectorised over the candidates of all prompts at once: one NumPy pass instead of a few calls per prompt,
+        # which kept a 256-prompt draw above 5 ms. Cost: linear in the rollouts of the asked prompts.
+        lists = [self._by_prompt.get(prompt_id, ()) for prompt_id in prompt_ids]
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        candidates = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(counts.sum()))
+        group = np.repeat(np.arange(len(lists)), counts)
+        keep = (self._step.data[candidates] <= step - min_age) & (self._length.data[candidates] >= 2)
+        if snapshot_only:
+            keep &= candidates < self.num_snapshotted
+        wants = [selection] * len(lists)
+        if selection == "passrate":
+            rates = pass_rates or {}
+            wants = [
+                "uniform" if rates.get(p) is None else ("success" if rates[p] < 0.5 else "failure") for p in prompt_ids
+            ]
+        if "success" in wants or "failure" in wants:
+            want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)[group]
+            success = self._reward.data[candidates] > 0
+            keep &= np.where(want == SEED_SELECTIONS.index("success"), success, True)
+            keep &= np.where(want == SEED_SELECTIONS.index("failure"), ~success, True)
+        kept = np.flatnonzero(keep)  # positions in `candidates`, still grouped by prompt
+        kept_counts = np.bincount(group[kept], minlength=len(lists))
+        has_seed = kept_counts > 0
+        starts, sizes = (np.cumsum(kept_counts) - kept_counts)[has_seed], kept_counts[has_seed]
+        picks = starts + rng.integers(sizes)  # uniform among each prompt's kept candidates
+        oldest = np.array([w == "oldest" for w in wants])[has_seed]
+        if oldest.any():
+            kept_steps = self._step.data[candidates[kept]]
+            for j in np.flatnonzero(oldest):  # argmin: the first of the oldest
+                picks[j] = starts[j] + np.argmin(kept_steps[starts[j] : starts[j] + sizes[j]])
+        chosen = candidates[kept[picks]]
+        seeds: list[Seed | None] = [None] * len(lists)
+        for position, seed in zip(np.flatnonzero(has_seed).tolist(), self._get_many(chosen)):
+            seeds[position] = seed
         return seeds
+
+    def _get_many(self, indices: np.ndarray) -> list[Seed]:
+        """The seeds at `indices`, with the per-rollout columns read in one go (the token arrays are views)."""
+        columns = (self._chunk, self._start, self._length, self._reward, self._step)
+        chunks, starts, lengths, rewards, steps = (c.data[indices].tolist() for c in columns)
+        return [
+            Seed(
+                index=index,
+                rollout_id=self.rollout_ids[index],
+                prompt_id=self.prompt_ids[index],
+                completion_ids=self._ids.chunks[chunk][start : start + length],
+                logprobs=self._logps.chunks[chunk][start : start + length],
+                reward=reward,
+                step=step,
+            )
+            for index, chunk, start, length, reward, step in zip(
+                indices.tolist(), chunks, starts, lengths, rewards, steps
+            )
+        ]
 
     @property
     def nbytes(self) -> int:
