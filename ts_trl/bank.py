@@ -48,9 +48,13 @@ class Seed:
 
 
 class _ChunkedArray:
-    """An append-only store of variable-length rows in a few contiguous chunks (no per-row Python objects)."""
+    """An append-only store of variable-length rows in a few contiguous chunks (no per-row Python objects).
 
-    def __init__(self, dtype, first_chunk: int = 1 << 16, max_chunk: int = 1 << 22):
+    Chunks double up to `max_chunk` elements. NumPy asks for huge pages on large arrays, so a fresh chunk is soon
+    resident in full: the cap bounds that slack to one chunk (4 MB of int32), not half the bank.
+    """
+
+    def __init__(self, dtype, first_chunk: int = 1 << 16, max_chunk: int = 1 << 20):
         self.dtype = np.dtype(dtype)
         self.chunks: list[np.ndarray] = []
         self.used = 0  # tokens used in the last chunk
