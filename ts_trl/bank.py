@@ -7,7 +7,6 @@ keeps the positions of its rollouts so `sample` costs time in the rollouts of th
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +14,8 @@ import numpy as np
 
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
+_PROMPT_ROW = np.dtype([("index", np.int64), ("step", np.int32), ("length", np.int32), ("reward", np.float32)])
+_NO_ROWS = np.empty(0, dtype=_PROMPT_ROW)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class _ChunkedArray:
 class _GrowableColumn:
     """A NumPy column with amortised appends."""
 
+    __slots__ = ("data", "size")
+
     def __init__(self, dtype, capacity: int = 1024):
         self.data = np.empty(capacity, dtype=dtype)
         self.size = 0
@@ -117,7 +120,9 @@ class SeedBank:
         self._reward = _GrowableColumn(np.float32)
         self.rollout_ids: list[str] = []
         self.prompt_ids: list[str] = []
-        self._by_prompt: dict[str, list[int]] = {}
+        # Per prompt, what eligibility reads, side by side: `sample` touches only the asked prompts' rows, so its
+        # cost does not grow with the bank (a per-prompt list of indices into bank-wide columns cache-missed per row).
+        self._by_prompt: dict[str, _GrowableColumn] = {}
         self._by_rollout_id: dict[str, int] = {}
         self.num_snapshotted = 0  # rollouts [0, num_snapshotted) are in a written snapshot (or external)
 
@@ -156,7 +161,10 @@ class SeedBank:
         self._reward.append(np.nan if reward is None else reward)
         self.rollout_ids.append(rollout_id)
         self.prompt_ids.append(prompt_id)
-        self._by_prompt.setdefault(prompt_id, []).append(index)
+        rows = self._by_prompt.get(prompt_id)
+        if rows is None:
+            rows = self._by_prompt[prompt_id] = _GrowableColumn(_PROMPT_ROW, capacity=4)
+        rows.append((index, EXTERNAL_STEP if external else step, len(ids), np.nan if reward is None else reward))
         self._by_rollout_id[rollout_id] = index
         if external:
             if index != self.num_snapshotted:
@@ -180,13 +188,18 @@ class SeedBank:
 
     def eligible(self, prompt_id: str, step: int, min_age: int, snapshot_only: bool = True) -> np.ndarray:
         """Indices of the rollouts of `prompt_id` that may seed a group at `step`."""
-        indices = np.asarray(self._by_prompt.get(prompt_id, ()), dtype=np.int64)
-        if len(indices) == 0:
-            return indices
-        keep = (self._step.data[indices] <= step - min_age) & (self._length.data[indices] >= 2)
+        rows = self._prompt_rows(prompt_id)
+        return rows["index"][self._eligible(rows, step, min_age, snapshot_only)]
+
+    def _prompt_rows(self, prompt_id: str) -> np.ndarray:
+        rows = self._by_prompt.get(prompt_id)
+        return _NO_ROWS if rows is None else rows.values
+
+    def _eligible(self, rows: np.ndarray, step: int, min_age: int, snapshot_only: bool) -> np.ndarray:
+        keep = (rows["step"] <= step - min_age) & (rows["length"] >= 2)
         if snapshot_only:
-            keep &= indices < self.num_snapshotted
-        return indices[keep]
+            keep &= rows["index"] < self.num_snapshotted
+        return keep
 
     def sample(
         self,
@@ -207,14 +220,13 @@ class SeedBank:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
         # Vectorised over the candidates of all prompts at once: one NumPy pass instead of a few calls per prompt,
         # which kept a 256-prompt draw above 5 ms. Cost: linear in the rollouts of the asked prompts.
-        lists = [self._by_prompt.get(prompt_id, ()) for prompt_id in prompt_ids]
-        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        candidates = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(counts.sum()))
-        group = np.repeat(np.arange(len(lists)), counts)
-        keep = (self._step.data[candidates] <= step - min_age) & (self._length.data[candidates] >= 2)
-        if snapshot_only:
-            keep &= candidates < self.num_snapshotted
-        wants = [selection] * len(lists)
+        per_prompt = [self._prompt_rows(prompt_id) for prompt_id in prompt_ids]
+        counts = np.fromiter(map(len, per_prompt), dtype=np.int64, count=len(per_prompt))
+        # Concatenated as raw bytes: NumPy would otherwise promote the structured dtype pair by pair, in Python.
+        rows = np.concatenate([r.view(np.uint8) for r in per_prompt]).view(_PROMPT_ROW) if per_prompt else _NO_ROWS
+        group = np.repeat(np.arange(len(per_prompt)), counts)
+        keep = self._eligible(rows, step, min_age, snapshot_only)
+        wants = [selection] * len(per_prompt)
         if selection == "passrate":
             rates = pass_rates or {}
             wants = [
@@ -222,21 +234,21 @@ class SeedBank:
             ]
         if "success" in wants or "failure" in wants:
             want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)[group]
-            success = self._reward.data[candidates] > 0
+            success = rows["reward"] > 0
             keep &= np.where(want == SEED_SELECTIONS.index("success"), success, True)
             keep &= np.where(want == SEED_SELECTIONS.index("failure"), ~success, True)
-        kept = np.flatnonzero(keep)  # positions in `candidates`, still grouped by prompt
-        kept_counts = np.bincount(group[kept], minlength=len(lists))
+        kept = np.flatnonzero(keep)  # positions in `rows`, still grouped by prompt
+        kept_counts = np.bincount(group[kept], minlength=len(per_prompt))
         has_seed = kept_counts > 0
         starts, sizes = (np.cumsum(kept_counts) - kept_counts)[has_seed], kept_counts[has_seed]
         picks = starts + rng.integers(sizes)  # uniform among each prompt's kept candidates
         oldest = np.array([w == "oldest" for w in wants])[has_seed]
         if oldest.any():
-            kept_steps = self._step.data[candidates[kept]]
+            kept_steps = rows["step"][kept]
             for j in np.flatnonzero(oldest):  # argmin: the first of the oldest
                 picks[j] = starts[j] + np.argmin(kept_steps[starts[j] : starts[j] + sizes[j]])
-        chosen = candidates[kept[picks]]
-        seeds: list[Seed | None] = [None] * len(lists)
+        chosen = rows["index"][kept[picks]]
+        seeds: list[Seed | None] = [None] * len(per_prompt)
         for position, seed in zip(np.flatnonzero(has_seed).tolist(), self._get_many(chosen)):
             seeds[position] = seed
         return seeds
