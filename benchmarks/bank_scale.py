@@ -77,6 +77,7 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
     num_prompts = max(size // ROLLOUTS_PER_PROMPT, 1)
     checkpoint_rollouts = min(checkpoint_rollouts, size)
     num_checkpoints = size // checkpoint_rollouts
+    _checkpoint(0, 8, tokens, num_prompts)  # first-use allocations of the generator stay out of the delta
     rss_before = _rss()
     bank = SeedBank()
     insert_wall = insert_cpu = 0.0

@@ -230,7 +230,7 @@ def run(quick: bool, output_dir: str) -> dict:
         max_completion_length=48 if quick else 64,
         num_prompts=8,  # every prompt is banked after two steps, so from then on every group has a seed
         warmup_steps=3,
-        measured_steps=8 if quick else 24,
+        measured_steps=12 if quick else 30,
     )
     variants = _variants(quick)
     conductor = Conductor(variants, seed=0)
