@@ -296,9 +296,13 @@ def markdown(report: dict) -> str:
         else:
             lines += ["| reward | samples | samples/s | batch | details |", "|---|---|---|---|---|"]
             m_, c_ = rewards["math"], rewards["code"]
-            lines.append(
-                f"| math (math-verify) | {m_['samples']} | {m_['samples_per_s']:.0f} | {m_['batch']} | {m_['data']} |"
-            )
+            if m_.get("available", True):
+                lines.append(
+                    f"| math (math-verify) | {m_['samples']} | {m_['samples_per_s']:.0f} | {m_['batch']} "
+                    f"| {m_['data']} |"
+                )
+            else:
+                lines.append(f"| math (math-verify) | - | not available | - | {m_['reason']} |")
             lines.append(
                 f"| code (sandboxed) | {c_['samples']} | {c_['samples_per_s']:.1f} | {c_['batch']} "
                 f"| layers: {', '.join(c_['isolation'])} |"
