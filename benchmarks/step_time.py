@@ -1,0 +1,318 @@
+"""Step time of `SeedGRPOTrainer` against TRL's `GRPOTrainer`, with the trainers' steps interleaved in one process.
+
+Every trainer runs its real `train()` in a thread of its own; a conductor lets exactly one thread work at a time and
+hands the turn on after each optimizer step, in a freshly shuffled order every round. So each round holds one step
+of every trainer, taken within seconds of each other: load drift on a shared machine hits all of them alike, and the
+per-round ratio `t(variant) / t(GRPO)` cancels it. Each trainer keeps its own torch/NumPy/`random` RNG state across
+the hand-overs, so its run is the one it would have made alone (checked: `seed_fraction=0` generates exactly the
+tokens GRPO generates).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import traceback
+
+import numpy as np
+import torch
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+BASELINE = "grpo"
+
+
+def parity_reward(completions, **kwargs):
+    """A cheap reward with spread on random text (the tests' `count_reward`): the cost of the step stays the model's."""
+    return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
+
+
+class Conductor:
+    """Lets one registered thread run at a time; `pass_turn` hands over to the next in a shuffled order per round."""
+
+    def __init__(self, names, seed: int = 0):
+        self._cond = threading.Condition()
+        self._active = list(names)
+        self._order: list[str] = []
+        self._current: str | None = None
+        self._rng = random.Random(seed)
+        self.round = 0
+
+    def start(self) -> None:
+        with self._cond:
+            self._advance()
+
+    def _advance(self) -> None:  # with the lock held
+        if not self._order and self._active:
+            self._order = list(self._active)
+            self._rng.shuffle(self._order)
+            self.round += 1
+        self._current = self._order.pop(0) if self._order else None
+        self._cond.notify_all()
+
+    def wait_turn(self, name: str) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._current == name)
+
+    def pass_turn(self, name: str) -> None:
+        with self._cond:
+            assert self._current == name
+            self._advance()
+
+    def leave(self, name: str) -> None:
+        with self._cond:
+            self._active.remove(name)
+            if name in self._order:
+                self._order.remove(name)
+            if self._current == name:
+                self._advance()
+
+
+class _RngState:
+    """The global RNG states a trainer's sampling and shuffling read: saved when it hands over, restored when it resumes."""
+
+    def __init__(self):
+        self.state = None
+
+    def save(self) -> None:
+        self.state = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+
+    def restore(self) -> None:
+        if self.state is not None:
+            torch.set_rng_state(self.state[0])
+            np.random.set_state(self.state[1])
+            random.setstate(self.state[2])
+
+
+class _Turns(TrainerCallback):
+    """Times each turn (log of the previous step + one whole step) and hands the turn over after the optimizer step."""
+
+    def __init__(self, name: str, conductor: Conductor):
+        self.name, self.conductor = name, conductor
+        self.rng = _RngState()
+        self.wall: list[float] = []  # per turn, seconds
+        self.cpu: list[float] = []  # process CPU seconds (all threads; only this trainer's thread is working)
+        self.logs: list[dict] = []
+        self._t0 = self._c0 = None
+
+    def begin_turn(self) -> None:
+        self.conductor.wait_turn(self.name)
+        self.rng.restore()
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.wall.append(time.perf_counter() - self._t0)
+        self.cpu.append(time.process_time() - self._c0)
+        self.rng.save()
+        self.conductor.pass_turn(self.name)
+        self.begin_turn()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "step_time" in logs:
+            self.logs.append(dict(logs, step=state.global_step))
+
+
+class _GenerateSpy:
+    """Wraps `model.generate` to record the new tokens each call decodes (padding and discarded tokens included)."""
+
+    def __init__(self, model):
+        self.calls: list[dict] = []
+        self._generate = model.generate
+        model.generate = self
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        output = self._generate(*args, **kwargs)
+        prompt = kwargs["input_ids"]
+        self.calls.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "rows": prompt.size(0),
+                "prompt_width": prompt.size(1),
+                "new_tokens": output.size(1) - prompt.size(1),
+            }
+        )
+        return output
+
+
+def capped_generation_trainer():
+    """`SeedGRPOTrainer` with a what-if: the generation call stops at the largest budget any row has left.
+
+    A seeded row only keeps `max_completion_length - k` generated tokens; when every group of the (global) batch is
+    seeded, decoding beyond `max_completion_length - min(k)` produces tokens that are all cut away. Not part of the
+    library: measured here to size the saving before proposing it.
+    """
+    from ts_trl import SeedGRPOTrainer
+
+    class CappedSeedGRPOTrainer(SeedGRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            plan = self._plan
+            if plan is None or not plan.any_seeded or not plan.global_seeded.all():
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
+            # Global minimum: every rank decodes the same number of steps (ZeRO-3 gathers weights per forward).
+            budget = self.max_completion_length - int(plan.global_prefix_len.min())
+            saved = self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"]
+            self.generation_config.max_new_tokens = self.generation_kwargs["max_new_tokens"] = budget
+            try:
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
+            finally:
+                self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    return CappedSeedGRPOTrainer
+
+
+def _variants(quick: bool) -> dict[str, dict]:
+    variants = {
+        BASELINE: {"trainer": "grpo"},
+        "seeds_f0": {"trainer": "seeds", "seed_fraction": 0.0},
+        "seeds_f0.5": {"trainer": "seeds", "seed_fraction": 0.5},
+        "seeds_f1": {"trainer": "seeds", "seed_fraction": 1.0},
+    }
+    variants["seeds_f1_capped"] = {"trainer": "capped", "seed_fraction": 1.0}
+    return variants
+
+
+def _build(name: str, spec: dict, settings: dict, output_dir: str):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+    from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    common = dict(
+        output_dir=f"{output_dir}/{name}",
+        per_device_train_batch_size=settings["batch_size"],
+        num_generations=settings["num_generations"],
+        max_completion_length=settings["max_completion_length"],
+        max_steps=settings["warmup_steps"] + settings["measured_steps"],
+        save_strategy="no",  # checkpoint I/O is measured by the bank benchmark, not mixed into step times
+        logging_steps=1,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    if spec["trainer"] == "grpo":
+        trainer_cls, args = GRPOTrainer, GRPOConfig(**common)
+    else:
+        trainer_cls = SeedGRPOTrainer if spec["trainer"] == "seeds" else capped_generation_trainer()
+        # Seeds from the previous step on, without waiting for a snapshot (no checkpoints are written here).
+        args = SeedGRPOConfig(**common, seed_fraction=spec["seed_fraction"], seed_snapshot_only=False)
+    prompts = [f"Q: {i}+{i + 1}=" for i in range(settings["num_prompts"])]
+    trainer = trainer_cls(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=parity_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tokenizer,
+    )
+    for callback in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(callback)
+    return trainer
+
+
+def _summary(values) -> dict:
+    values = [float(v) for v in values]
+    q = np.quantile(values, [0.25, 0.5, 0.75]) if values else [float("nan")] * 3
+    return {"median": float(q[1]), "q25": float(q[0]), "q75": float(q[2]), "n": len(values)}
+
+
+def run(quick: bool, output_dir: str) -> dict:
+    settings = dict(
+        batch_size=16,  # four prompt groups per step: seeded and plain groups mix at seed_fraction=0.5
+        num_generations=4,
+        max_completion_length=48 if quick else 64,
+        num_prompts=8,  # every prompt is banked after two steps, so from then on every group has a seed
+        warmup_steps=3,
+        measured_steps=12 if quick else 30,
+    )
+    variants = _variants(quick)
+    conductor = Conductor(variants, seed=0)
+    trainers, turns, spies, errors = {}, {}, {}, {}
+    for name, spec in variants.items():
+        trainers[name] = _build(name, spec, settings, output_dir)
+        turns[name] = _Turns(name, conductor)
+        trainers[name].add_callback(turns[name])  # last: the seed snapshot callback's work stays inside the turn
+        turns[name].rng.save()  # the state `train()` would start from had this trainer been built and run alone
+        spies[name] = _GenerateSpy(trainers[name].model)
+
+    def work(name):
+        try:
+            turns[name].begin_turn()
+            trainers[name].train()
+        except BaseException as error:  # noqa: B036 - reported, and the other trainers must not wait forever
+            errors[name] = "".join(traceback.format_exception(error))
+        finally:
+            conductor.leave(name)
+
+    threads = [threading.Thread(target=work, args=(name,), name=f"bench-{name}") for name in variants]
+    for thread in threads:
+        thread.start()
+    started = time.perf_counter()
+    conductor.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError("A benchmarked trainer failed:\n" + "\n".join(errors.values()))
+
+    warm = settings["warmup_steps"]
+    base_wall = np.array(turns[BASELINE].wall[warm:])
+    base_cpu = np.array(turns[BASELINE].cpu[warm:])
+    results = {}
+    for name, spec in variants.items():
+        logs = turns[name].logs[warm:]
+        calls = spies[name].calls[warm:]
+        wall, cpu = np.array(turns[name].wall[warm:]), np.array(turns[name].cpu[warm:])
+        rows = settings["batch_size"]
+        if spec["trainer"] == "grpo":
+            kept_tokens = [log["completions/mean_length"] * rows for log in logs]
+            prefix_tokens = [0.0] * len(logs)
+        else:
+            kept_tokens = [log["seeds/generated_tokens"] for log in logs]
+            prefix_tokens = [log["seeds/prefix_tokens"] for log in logs]
+        results[name] = {
+            "spec": spec,
+            "wall_s": _summary(wall),
+            "cpu_s": _summary(cpu),
+            "trl_step_time_s": _summary([log["step_time"] for log in logs]),
+            "generate_s": _summary([c["seconds"] for c in calls]),
+            "wall_ratio": _summary(wall / base_wall),  # per round: the same round's GRPO step
+            "cpu_ratio": _summary(cpu / base_cpu),
+            "generated_tokens": _summary(kept_tokens),  # kept in the responses (the trainer's own count)
+            "prefix_tokens": _summary(prefix_tokens),
+            "decoded_tokens": _summary([c["rows"] * c["new_tokens"] for c in calls]),  # what generate() computed
+            "decode_steps": _summary([c["new_tokens"] for c in calls]),
+            "prompt_width": _summary([c["prompt_width"] for c in calls]),
+            "seeded_group_share": _summary([log.get("seeds/seeded_group_share", 0.0) for log in logs]),
+            "loss": [log.get("loss") for log in logs],
+        }
+    same_tokens = [c["new_tokens"] for c in spies["seeds_f0"].calls] == [
+        c["new_tokens"] for c in spies[BASELINE].calls
+    ]
+    same_loss = results["seeds_f0"]["loss"] == results[BASELINE]["loss"]
+    return {
+        "settings": settings | {"torch_threads": torch.get_num_threads(), "rounds": conductor.round},
+        "seconds": time.perf_counter() - started,
+        "seed_fraction_0_matches_grpo": bool(same_tokens and same_loss),
+        "variants": results,
+    }
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run(quick="--quick" in sys.argv, output_dir=tmp)
+    for r in out["variants"].values():
+        r.pop("loss")
+    print(json.dumps(out, indent=1))
