@@ -76,3 +76,13 @@ def test_prefix_importance_weights_are_truncated_ratios_on_prefix_only():
 def test_boundary_ids_of_char_tokenizer(tokenizer):
     ids = boundary_token_ids(tokenizer)
     assert ids == {tokenizer.convert_tokens_to_ids("\n")}
+
+
+def test_saved_tiny_tokenizer_loads_back_exactly(tokenizer, tmp_path):
+    """Beside a qwen2 config.json, AutoTokenizer would swap in Qwen2Tokenizer and drop spaces; load_tokenizer must not."""
+    from ts_trl.tiny import build_tiny_model, load_tokenizer
+
+    build_tiny_model(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    text = "Q: 7+15+9\nA: 7+15=22"
+    assert load_tokenizer(tmp_path)(text)["input_ids"] == tokenizer(text)["input_ids"]

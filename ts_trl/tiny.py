@@ -6,11 +6,14 @@ the newline is one token, so any text round-trips exactly and sequence lengths a
 
 from __future__ import annotations
 
+import json
 import string
+from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
 CHARACTERS = tuple(string.printable[:95]) + ("\n",)  # digits, letters, punctuation, space, newline
 
@@ -36,6 +39,21 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     hf_tokenizer.chat_template = CHAT_TEMPLATE
     return hf_tokenizer
+
+
+def load_tokenizer(path) -> PreTrainedTokenizerFast:
+    """Loads a saved tokenizer; one saved as a plain `tokenizer.json` (like ours) comes back exactly as saved.
+
+    `AutoTokenizer` picks the tokenizer class registered for the model's architecture when a `config.json` sits
+    beside it (transformers 5 forces `Qwen2Tokenizer` for `qwen2`), whose own pre-tokenizer replaces the saved one and
+    silently changes the ids (spaces vanish with the character tokenizer).
+    """
+    from transformers import AutoTokenizer
+
+    config = Path(path) / "tokenizer_config.json"
+    if config.exists() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 def build_tiny_model(

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 DEFAULT_REWARD = "ts_trl.embedded.task:embedded_reward"
-GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 class InputError(ValueError):
@@ -39,7 +38,9 @@ def quiet_libraries() -> None:
 
 def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
     """Loads a causal LM and its tokenizer from a local folder, or fails with one line saying what is missing."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from ..tiny import load_tokenizer
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
@@ -47,25 +48,11 @@ def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
     if not (folder / "config.json").exists():
         raise InputError(f"{role} {str(path)!r} has no config.json; point it at a checkpoint-<step> or model folder.")
     try:
-        tokenizer = _generic_tokenizer(folder) or AutoTokenizer.from_pretrained(folder)
+        tokenizer = load_tokenizer(folder)
     except Exception as error:  # noqa: BLE001 - any failure means the same thing to the user
         raise InputError(f"{role} {str(path)!r} has no loadable tokenizer ({type(error).__name__}).") from error
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     return model, tokenizer
-
-
-def _generic_tokenizer(folder: Path):
-    """A tokenizer saved as a plain `tokenizer.json` (e.g. the tiny character tokenizer), loaded as exactly that.
-
-    `AutoTokenizer` would pick the tokenizer class of the model's config (Qwen2 for the tiny model), whose own
-    pre-tokenizer replaces the saved one and silently changes the ids (spaces vanish).
-    """
-    from transformers import PreTrainedTokenizerFast
-
-    config = folder / "tokenizer_config.json"
-    if not config.exists() or json.loads(config.read_text()).get("tokenizer_class") not in GENERIC_TOKENIZERS:
-        return None
-    return PreTrainedTokenizerFast.from_pretrained(folder)
 
 
 def check_ratios(ratios: Sequence[float]) -> list[float]:
