@@ -34,10 +34,11 @@ import reward_throughput  # noqa: E402
 import step_time  # noqa: E402
 
 CI_MARGIN = 1.2  # CI fails only when a target is missed by more than 20% (noise on a shared machine)
-# Seeds-on step time misses its target by design today: HF generate still decodes max_completion_length new tokens
-# for seeded rows, over a context longer by the prefix (+10-20% per step on the tiny model). CI guards against a
-# regression beyond that known cost plus the noise margin, until generation stops at the budget the prefix leaves.
-SEEDS_ON_KNOWN_COST = 1.15
+# Seeds-on step time misses its <= 1x target today (measured on the tiny model, see results/latest.md): static HF
+# generate decodes as many steps as the longest row needs, over a context longer by the prefix. A fully seeded batch
+# stops at the largest budget left (about +7%); a mixed batch decodes the full budget for every row (about +18%).
+# CI guards against a regression beyond that known cost plus the noise margin.
+SEEDS_ON_KNOWN_COST = {"seeds_f0.5": 1.18, "seeds_f1": 1.1}
 
 
 def machine() -> dict:
@@ -146,15 +147,18 @@ def targets(results: dict) -> list[dict]:
                 "median of per-round ratios",
             )
         )
-        for name, label in (("seeds_f0.5", "0.5"), ("seeds_f1", "1.0")):
+        for name, label, why in (
+            ("seeds_f0.5", "0.5", "mixed batch: plain rows need the full budget, so seeded rows decode it too"),
+            ("seeds_f1", "1.0", "decoding capped at the largest budget left; the context is longer by the prefix"),
+        ):
             out.append(
                 _target(
                     f"step time ratio, seed_fraction={label} vs GRPO",
                     round(v[name]["wall_ratio"]["median"], 3),
                     1.0,
                     "x",
-                    "generation still decodes max_completion_length new tokens per seeded row",
-                    ci_limit=round(SEEDS_ON_KNOWN_COST * CI_MARGIN, 3),
+                    why,
+                    ci_limit=round(SEEDS_ON_KNOWN_COST[name] * CI_MARGIN, 3),
                 )
             )
     bank = results.get("bank")
@@ -259,11 +263,6 @@ def markdown(report: dict) -> str:
                 f"| {r['generated_tokens']['median']:.0f} | {r['prefix_tokens']['median']:.0f} "
                 f"| {r['decode_steps']['median']:.0f} | {r['prompt_width']['median']:.0f} |"
             )
-        lines += [
-            "",
-            "`seeds_f1_capped` is a what-if, not library behaviour: `max_new_tokens = max_completion_length - min(k)` "
-            "when every group is seeded (see `benchmarks/step_time.py`).",
-        ]
 
     bank = report["results"].get("bank")
     if bank:

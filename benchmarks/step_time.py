@@ -135,36 +135,6 @@ class _GenerateSpy:
         return output
 
 
-def capped_generation_trainer():
-    """`SeedGRPOTrainer` with a what-if: the generation call stops at the largest budget any row has left.
-
-    A seeded row only keeps `max_completion_length - k` generated tokens; when every group of the (global) batch is
-    seeded, decoding beyond `max_completion_length - min(k)` produces tokens that are all cut away. Not part of the
-    library: measured here to size the saving before proposing it.
-    """
-    from ts_trl import SeedGRPOTrainer
-
-    class CappedSeedGRPOTrainer(SeedGRPOTrainer):
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-            plan = self._plan
-            if plan is None or not plan.any_seeded or not plan.global_seeded.all():
-                return super()._generate_single_turn(
-                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-                )
-            # Global minimum: every rank decodes the same number of steps (ZeRO-3 gathers weights per forward).
-            budget = self.max_completion_length - int(plan.global_prefix_len.min())
-            saved = self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"]
-            self.generation_config.max_new_tokens = self.generation_kwargs["max_new_tokens"] = budget
-            try:
-                return super()._generate_single_turn(
-                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-                )
-            finally:
-                self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
-
-    return CappedSeedGRPOTrainer
-
-
 def _variants(quick: bool) -> dict[str, dict]:
     variants = {
         BASELINE: {"trainer": "grpo"},
@@ -172,7 +142,6 @@ def _variants(quick: bool) -> dict[str, dict]:
         "seeds_f0.5": {"trainer": "seeds", "seed_fraction": 0.5},
         "seeds_f1": {"trainer": "seeds", "seed_fraction": 1.0},
     }
-    variants["seeds_f1_capped"] = {"trainer": "capped", "seed_fraction": 1.0}
     return variants
 
 
@@ -201,7 +170,7 @@ def _build(name: str, spec: dict, settings: dict, output_dir: str):
     if spec["trainer"] == "grpo":
         trainer_cls, args = GRPOTrainer, GRPOConfig(**common)
     else:
-        trainer_cls = SeedGRPOTrainer if spec["trainer"] == "seeds" else capped_generation_trainer()
+        trainer_cls = SeedGRPOTrainer
         # Seeds from the previous step on, without waiting for a snapshot (no checkpoints are written here).
         args = SeedGRPOConfig(**common, seed_fraction=spec["seed_fraction"], seed_snapshot_only=False)
     prompts = [f"Q: {i}+{i + 1}=" for i in range(settings["num_prompts"])]
