@@ -1,12 +1,123 @@
-"""Dataset helpers: stable prompt ids and the checks every training dataset passes before any GPU work."""
+"""Dataset adapters: map public math and code schemas to `prompt` + `answer` (math) or `prompt` + `tests` (code)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
+from datasets import Dataset
 
-def prompt_id_of(prompt) -> str:
-    """A stable id of a prompt: sha1 of its text, or of the canonical JSON of a list of chat messages."""
+MATH_PROMPT_COLUMNS = ("problem", "question", "prompt", "instruction", "query")
+MATH_ANSWER_COLUMNS = ("answer", "final_answer", "gold", "solution")  # a short final answer beats a worked solution
+CODE_PROMPT_COLUMNS = ("prompt", "text", "question", "question_content", "problem", "description", "instruction")
+# In order of preference; each is turned into a `tests` string by `_tests_of`.
+CODE_TESTS_COLUMNS = ("tests", "test_list", "test", "input_output", "public_test_cases", "public_tests")
+
+
+def prompt_id_of(prompt: str | list[dict]) -> str:
+    """Stable id of a prompt: 16 hex chars of the sha1 of its text, or of its canonical JSON for chat messages."""
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """The text after the last `####` of a GSM8K solution; other answers are returned stripped."""
+    return answer.rsplit("####", 1)[-1].strip()
+
+
+def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, ...], what: str, flag: str) -> str:
+    if given is not None and given in columns:
+        return given
+    if given is None:
+        for name in candidates:
+            if name in columns:
+                return name
+    wanted = f"column {given!r}" if given is not None else f"a {what} column (one of {', '.join(candidates)})"
+    raise ValueError(f"The dataset has no {wanted}; its columns are {columns}. Name the right one with {flag}.")
+
+
+def _as_prompt(value, system_prompt: str | None, conversational: bool):
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if isinstance(value, list):  # already chat messages
+        return value if value and value[0].get("role") == "system" else system + value
+    if conversational:
+        return system + [{"role": "user", "content": str(value)}]
+    return f"{system_prompt}\n\n{value}" if system_prompt else str(value)
+
+
+def _is_empty(prompt) -> bool:
+    if prompt is None or isinstance(prompt, str):
+        return not (prompt or "").strip()
+    return not any(str(message.get("content") or "").strip() for message in prompt if message.get("role") != "system")
+
+
+def _stdio_tests(inputs: list, outputs: list) -> str:
+    return json.dumps({"inputs": [str(x) for x in inputs], "outputs": [str(y) for y in outputs]})
+
+
+def _tests_of(column: str, value, row: dict) -> str:
+    """One row's tests as a string: Python assert code, or the JSON of `{"inputs": [...], "outputs": [...]}`."""
+    if isinstance(value, str) and column in ("input_output", "public_test_cases"):
+        value = json.loads(value)
+    if column == "test_list":  # MBPP: a list of asserts, with optional setup/imports in sibling columns
+        setup = [row.get("test_setup_code") or "", *(row.get("test_imports") or [])]
+        return "\n".join(line for line in [*setup, *value] if line)
+    if column == "public_test_cases":  # LiveCodeBench: [{"input": ..., "output": ..., "testtype": ...}, ...]
+        return _stdio_tests([case["input"] for case in value], [case["output"] for case in value])
+    if isinstance(value, dict):  # APPS `input_output`, CodeContests `public_tests`, or a `tests` dict
+        inputs = value.get("inputs", value.get("input"))
+        outputs = value.get("outputs", value.get("output"))
+        if value.get("fn_name") or inputs is None or outputs is None:
+            raise ValueError(f"Unsupported tests in column {column!r}: expected stdin/stdout inputs and outputs.")
+        return _stdio_tests(inputs, outputs)
+    return str(value)
+
+
+def to_prompt_dataset(
+    dataset: Dataset,
+    prompt_column: str | None = None,
+    answer_column: str | None = None,
+    system_prompt: str | None = None,
+    conversational: bool = False,
+    domain: str = "math",
+) -> Dataset:
+    """Returns `dataset` as `prompt`, `answer` (math) or `tests` (+ `entry_point` if any) (code), and `prompt_id`.
+
+    Columns are auto-detected among the common public names unless given; `answer_column` names the tests column
+    for code. A GSM8K-style answer keeps only the text after `####`. Other columns are dropped; a `prompt_id` column
+    is kept if the dataset has one, else it is the hash of the prompt (`prompt_id_of`).
+    """
+    if domain not in ("math", "code"):
+        raise ValueError(f"domain must be 'math' or 'code', got {domain!r}")
+    columns = list(dataset.column_names)
+    math = domain == "math"
+    prompt_candidates, reference_candidates = (
+        (MATH_PROMPT_COLUMNS, MATH_ANSWER_COLUMNS) if math else (CODE_PROMPT_COLUMNS, CODE_TESTS_COLUMNS)
+    )
+    prompt_col = _pick_column(columns, prompt_column, prompt_candidates, "prompt", "--prompt_column")
+    reference_col = _pick_column(
+        columns, answer_column, reference_candidates, "answer" if math else "tests", "--answer_column"
+    )
+    empty = [index for index, prompt in enumerate(dataset[prompt_col]) if _is_empty(prompt)]
+    if empty:
+        raise ValueError(
+            f"{len(empty)} empty prompt(s) in column {prompt_col!r} (first at row {empty[0]}); filter them out first."
+        )
+    has_entry_point = not math and "entry_point" in columns
+    has_prompt_id = "prompt_id" in columns
+
+    def convert(row: dict) -> dict:
+        prompt = _as_prompt(row[prompt_col], system_prompt, conversational)
+        out = {"prompt": prompt, "prompt_id": str(row["prompt_id"]) if has_prompt_id else prompt_id_of(prompt)}
+        if math:
+            out["answer"] = gsm8k_final_answer(str(row[reference_col]))
+        else:
+            out["tests"] = _tests_of(reference_col, row[reference_col], row)
+        if has_entry_point:
+            out["entry_point"] = row["entry_point"]
+        return out
+
+    # Build the new rows in one pass and drop the source columns, whose names (e.g. GSM8K's `answer`) we reuse.
+    converted = dataset.map(convert, remove_columns=columns)
+    order = ["prompt", "prompt_id", "answer" if math else "tests"] + (["entry_point"] if has_entry_point else [])
+    return converted.select_columns(order)
