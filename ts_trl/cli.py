@@ -45,6 +45,7 @@ EMBEDDED_DEFAULTS = {
     "cut_ratio_max": 0.9,
     "prefix_mode": "state",
     "seed_selection": "uniform",
+    "reward_funcs": ["embedded"],
 }
 
 # Flags whose presence means "not the embedded default".
@@ -150,6 +151,16 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         recipe = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(recipe, dict):
             raise ConfigError(f"--config {path}: a recipe must be a YAML mapping of argument names to values.")
+    known = {action.dest for action in parser._actions} | {"env"}
+    unknown = sorted(set(recipe) - known)
+    if unknown:
+        import difflib
+
+        hints = [
+            f"{key} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(key, known, 1)) else key
+            for key in unknown
+        ]
+        raise ConfigError(f"--config {path}: unknown key(s): {', '.join(hints)}.")
     named = any(recipe.get(key) for key in _SOURCE_KEYS) or any(
         arg.split("=", 1)[0] == f"--{key}" for arg in argv for key in _SOURCE_KEYS
     )
@@ -157,13 +168,23 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         unused = parser.set_defaults_with_config(**EMBEDDED_DEFAULTS)
         assert not unused, unused  # every embedded default is a real field
     skip_deepspeed_shm_build()
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        # `use_cpu: true` in the accelerate config (cpu.yaml) means CPU training; transformers only reads its own flag
-        parser.set_defaults_with_config(use_cpu=True)
+    if _cpu_only():
+        # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU rather than fail on bf16.
+        # DeepSpeed picks its CPU accelerator by itself (DS_ACCELERATOR=cpu) and wants float32 there.
+        deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
+        parser.set_defaults_with_config(**({"bf16": False} if deepspeed else {"use_cpu": True}))
     try:
         return parser.parse_args_and_config(argv)
     except ValueError as error:  # unknown recipe keys or flags, bad values
         raise ConfigError(str(error).replace("\n", " ")) from error
+
+
+def _cpu_only() -> bool:
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    import torch
+
+    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
 
 
 def skip_deepspeed_shm_build() -> None:
