@@ -1,0 +1,151 @@
+"""The embedded default's task, warm-up cache and pass@k evaluation, on a few-step warm-up."""
+
+import random
+
+import pytest
+import torch
+
+from ts_trl.embedded import EmbeddedTask, Problem, embedded_reward, pass_at_1, pass_at_k, sample_rewards, warm_up
+from ts_trl.embedded import warmup as warmup_module
+from ts_trl.tiny import build_tiny_model
+
+
+def operand_sets(dataset):
+    return {tuple(sorted(Problem.from_prompt(prompt).operands)) for prompt in dataset["prompt"]}
+
+
+def test_splits_are_deterministic_per_seed():
+    train, held_out = EmbeddedTask(seed=3).make_splits(50, 20)
+    again_train, again_held_out = EmbeddedTask(seed=3).make_splits(50, 20)
+    other_train, _ = EmbeddedTask(seed=4).make_splits(50, 20)
+    assert train.to_dict() == again_train.to_dict() and held_out.to_dict() == again_held_out.to_dict()
+    assert train["prompt"] != other_train["prompt"]
+
+
+def test_splits_are_disjoint_even_up_to_reordering_and_stable_in_size():
+    task = EmbeddedTask()
+    train, held_out = task.make_splits(2000, 300)
+    assert set(train.column_names) == {"prompt", "answer", "prompt_id"}
+    assert len(set(train["prompt"])) == 2000 and len(set(held_out["prompt"])) == 300
+    assert not operand_sets(train) & operand_sets(held_out)
+    assert len(set(train["prompt_id"]) | set(held_out["prompt_id"])) == 2300
+    # A bigger held-out set extends the smaller one and leaves the train set as it was.
+    bigger_train, bigger_held_out = task.make_splits(2000, 400)
+    assert bigger_held_out["prompt"][:300] == held_out["prompt"] and bigger_train["prompt"] == train["prompt"]
+
+
+def test_every_solution_is_rewarded_and_wrong_answers_are_not():
+    task = EmbeddedTask()
+    train, _ = task.make_splits(100, 0)
+    assert embedded_reward.__name__ == "embedded_reward"
+    for prompt, answer in zip(train["prompt"], train["answer"]):
+        assert prompt.endswith("\nA:")
+        solutions = task.solutions(prompt)
+        assert all(solution.endswith(f"#### {answer}") for solution in solutions)
+        assert embedded_reward(solutions, [answer] * len(solutions)) == [1.0] * len(solutions)
+        wrong = solutions[0].replace(f"#### {answer}", f"#### {int(answer) + 1}")
+        assert embedded_reward([wrong, "no answer here", ""], [answer] * 3) == [0.0, 0.0, 0.0]
+    # Only the first final answer counts, and conversational completions are read from their last message.
+    assert embedded_reward(["#### 5\n#### 6", "#### 6\n#### 5"], ["6", "6"]) == [0.0, 1.0]
+    assert embedded_reward([[{"role": "assistant", "content": " 1+2=3\n#### 3"}]], ["3"]) == [1.0]
+
+
+def test_several_paths_reach_different_early_states():
+    task = EmbeddedTask()
+    problem = Problem((7, 15, 9))
+    solutions = task.solutions(problem)
+    assert len(set(solutions)) == 6
+    assert len({solution.split("\n")[0].split("=")[1] for solution in solutions}) == 3  # three first partial sums
+    assert " 7+15=22\n22+9=31\n#### 31" in solutions
+    rng = random.Random(0)
+    assert {task.sample_solution(problem, rng) for _ in range(200)} == set(solutions)
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3, 4])
+def test_difficulty_sets_the_number_of_operands_and_solution_length(difficulty):
+    task = EmbeddedTask(difficulty=difficulty)
+    train, _ = task.make_splits(50, 10)
+    lengths = []
+    for prompt in train["prompt"]:
+        assert len(Problem.from_prompt(prompt).operands) == difficulty + 1
+        lengths += [len(solution) for solution in task.solutions(prompt)]
+    assert max(lengths) + 1 <= task.max_completion_tokens  # + 1 for EOS
+    assert 10 <= min(lengths) and max(lengths) <= 80
+
+
+def test_difficulty_changes_the_problems():
+    easy, hard = (EmbeddedTask(difficulty=difficulty).make_splits(20, 0)[0] for difficulty in (2, 3))
+    assert easy["prompt"] != hard["prompt"]
+    with pytest.raises(ValueError):
+        EmbeddedTask(difficulty=0)
+
+
+def small_model(tokenizer):
+    # Smaller than the default so that the cache tests spend their time on the cache, not on training.
+    return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, max_positions=64, seed=1)
+
+
+def test_warm_up_trains_then_reuses_its_cache(tokenizer, tmp_path, monkeypatch):
+    task = EmbeddedTask()
+    model = small_model(tokenizer)
+    initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    trained = warm_up(model, tokenizer, task, steps=3, batch_size=4, cache_dir=tmp_path, progress=False)
+    assert trained is model
+    assert any(not torch.equal(initial[name], tensor) for name, tensor in model.state_dict().items())
+    (cache,) = tmp_path.iterdir()  # one finished folder, no temporary left behind
+    assert (cache / "model.safetensors").is_file() and (cache / "tokenizer.json").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached warm-up must not train again")
+
+    monkeypatch.setattr(warmup_module, "_train", no_training)
+    reloaded = warm_up(small_model(tokenizer), tokenizer, task, steps=3, batch_size=4, cache_dir=tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+
+    # Any other setting is a different cache entry.
+    monkeypatch.setattr(warmup_module, "_train", lambda *args, **kwargs: None)
+    warm_up(small_model(tokenizer), tokenizer, task, steps=4, batch_size=4, cache_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_warm_up_cache_root_follows_the_environment(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path))
+    monkeypatch.setattr(warmup_module, "_train", lambda *args, **kwargs: None)  # only where it writes matters
+    warm_up(small_model(tokenizer), tokenizer, EmbeddedTask(), steps=1, batch_size=2, progress=False)
+    assert len(list((tmp_path / "warmup").iterdir())) == 1
+
+
+def test_a_failed_save_leaves_no_cache(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr(warmup_module, "_train", lambda *args, **kwargs: None)
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        warm_up(small_model(tokenizer), tokenizer, EmbeddedTask(), steps=1, cache_dir=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pass_at_1_is_deterministic_per_seed_and_supports_greedy(tokenizer):
+    model = small_model(tokenizer)
+    _, held_out = EmbeddedTask().make_splits(0, 6)
+
+    # A random model never answers, so the scores come from a reward that looks only at the text itself.
+    def first_digit_reward(completions, **kwargs):
+        return [float(completion[:1] in "0123456789") for completion in completions]
+
+    kwargs = dict(max_new_tokens=4, batch_size=4, num_samples=3)
+    first = sample_rewards(model, tokenizer, held_out, first_digit_reward, seed=7, **kwargs)
+    assert first == sample_rewards(model, tokenizer, held_out, first_digit_reward, seed=7, **kwargs)
+    assert len(first) == 6 and all(len(samples) == 3 for samples in first)
+    assert tokenizer.padding_side == "right" and model.training  # both restored
+
+    greedy = sample_rewards(model, tokenizer, held_out, first_digit_reward, temperature=0, seed=1, **kwargs)
+    assert all(len(set(samples)) == 1 for samples in greedy)  # greedy samples of one prompt are copies
+    assert pass_at_1(model, tokenizer, held_out, embedded_reward, max_new_tokens=4, temperature=0) == 0.0
+
+
+def test_pass_at_k_matches_hand_computed_estimates():
+    rewards = [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+    assert pass_at_k(rewards, 1) == pytest.approx((0.25 + 0 + 1) / 3)
+    assert pass_at_k(rewards, 2) == pytest.approx((0.5 + 0 + 1) / 3)  # 1 - C(3,2)/C(4,2) = 1/2
+    with pytest.raises(ValueError):
+        pass_at_k(rewards, 5)

@@ -1,0 +1,92 @@
+"""Held-out pass@1 and pass@k with Hugging Face `generate`, sampled at GRPO's temperature or greedy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from datasets import Dataset
+from tqdm.auto import tqdm
+
+
+@torch.no_grad()
+def sample_rewards(
+    model,
+    tokenizer,
+    dataset: Dataset,
+    reward_fn: Callable[..., list[float | None]],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    temperature: float = 1.0,
+    num_samples: int = 1,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[list[float]]:
+    """Generates `num_samples` completions per prompt and returns their rewards, one list per prompt.
+
+    `temperature=0` decodes greedily (then extra samples are copies). Sampling matches GRPO's (no top-k, no top-p)
+    and is deterministic given `seed` and `batch_size`. `reward_fn` gets the completions and, like in TRL, every
+    dataset column as a keyword; a `None` reward (cannot score) counts as a failure.
+    """
+    rows = [row for row in dataset for _ in range(num_samples)]
+    was_training, padding_side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"  # generation appends on the right, so prompts must end at the same column
+    # Greedy must not inherit a sampling generation_config; sampling must not inherit HF's default top_k=50.
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
+    sampling = sampling or {"do_sample": False}
+    rewards: list[float] = []
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            for start in tqdm(range(0, len(rows), batch_size), desc="evaluating", disable=not progress):
+                batch = rows[start : start + batch_size]
+                inputs = tokenizer([row["prompt"] for row in batch], return_tensors="pt", padding=True)
+                output = model.generate(
+                    **inputs,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                    **sampling,
+                )
+                completions = tokenizer.batch_decode(
+                    output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+                )
+                columns = {key: [row[key] for row in batch] for key in batch[0] if key != "prompt"}
+                scores = reward_fn(prompts=[row["prompt"] for row in batch], completions=completions, **columns)
+                rewards.extend(0.0 if score is None else float(score) for score in scores)
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = padding_side
+    return [rewards[index : index + num_samples] for index in range(0, len(rewards), num_samples)]
+
+
+def pass_at_k(rewards: list[list[float]], k: int) -> float:
+    """The unbiased pass@k estimate (Chen et al., 2021) from `n >= k` scored samples per prompt; 1.0 counts as pass."""
+    estimates = []
+    for samples in rewards:
+        n, correct = len(samples), sum(score >= 1.0 for score in samples)
+        if n < k:
+            raise ValueError(f"pass@{k} needs at least {k} samples per prompt, got {n}")
+        estimates.append(1.0 - math.comb(n - correct, k) / math.comb(n, k))
+    return sum(estimates) / len(estimates)
+
+
+def pass_at_1(
+    model,
+    tokenizer,
+    dataset: Dataset,
+    reward_fn: Callable[..., list[float | None]],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    temperature: float = 1.0,
+    num_samples: int = 1,
+    seed: int = 0,
+    progress: bool = False,
+) -> float:
+    """The mean reward over `num_samples` completions per prompt; at temperature 1.0 this is GRPO's pass rate."""
+    rewards = sample_rewards(
+        model, tokenizer, dataset, reward_fn, max_new_tokens, batch_size, temperature, num_samples, seed, progress
+    )
+    return pass_at_k(rewards, 1)

@@ -1,0 +1,146 @@
+"""A short supervised warm-up of the tiny model on worked solutions, cached on disk so later runs skip it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
+
+from ts_trl.embedded.task import EmbeddedTask
+from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+DEFAULT_MODEL_KWARGS = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "max_positions": 256, "seed": 0}
+CACHE_VERSION = 1  # bump when the training loop changes, so old caches stop matching
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl")) / "warmup"
+
+
+def warm_up(
+    model,
+    tokenizer,
+    task: EmbeddedTask,
+    steps: int = 600,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    warmup_ratio: float = 0.1,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    progress: bool = True,
+):
+    """Trains `model` with next-token loss on "prompt + solution + <eos>" for `steps` AdamW steps and returns it.
+
+    Every step draws fresh train-pool problems, each with a uniformly random solution path, so the model starts RL
+    spread over the paths. The loss covers the solution and EOS only: the prompt's numbers are random, and fitting
+    them would spend the small model's capacity on noise. The defaults leave sampled held-out pass@1 well below 1 so
+    that RL has room to improve.
+
+    The result is cached under `cache_dir` (default `$TS_TRL_CACHE/warmup`, `TS_TRL_CACHE` defaulting to
+    `~/.cache/ts_trl`) in a folder named by a hash of every setting and of the initial weights; a later call with the
+    same inputs loads it into `model` instead of training.
+    """
+    settings = {
+        "version": CACHE_VERSION,
+        "model_config": model.config.to_dict(),
+        "initial_weights": _weights_digest(model),
+        "vocab": sorted(tokenizer.get_vocab().items()),
+        "task": vars(task),
+        "steps": steps,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "warmup_ratio": warmup_ratio,
+        "seed": seed,
+    }
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
+    if use_cache and path.is_dir():
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
+        return model
+
+    _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress)
+    if use_cache:
+        _save_atomically(model, tokenizer, path, settings)
+    return model
+
+
+def build_warm_model(task: EmbeddedTask | None = None, **warm_up_kwargs):
+    """The embedded default's starting point: the character tokenizer and a default-sized tiny model, warmed up."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, **DEFAULT_MODEL_KWARGS)
+    return warm_up(model, tokenizer, task or EmbeddedTask(), **warm_up_kwargs), tokenizer
+
+
+def _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress):
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    warmup_steps = max(1, int(warmup_ratio * steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup_steps, max(0.0, (steps - step) / max(1, steps - warmup_steps)))
+    )
+    model.train()
+    with torch.random.fork_rng():  # dropout-free, but keep the caller's RNG untouched anyway
+        torch.manual_seed(seed)
+        for _ in (bar := tqdm(range(steps), desc="warm-up", disable=not progress)):
+            loss = model(**_batch(tokenizer, task, rng, batch_size)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    model.eval()
+
+
+def _batch(tokenizer, task: EmbeddedTask, rng: random.Random, batch_size: int) -> dict[str, torch.Tensor]:
+    """Right-padded "prompt + solution + <eos>" sequences with labels only on the solution and EOS."""
+    sequences = []
+    for _ in range(batch_size):
+        problem = task.sample_problem(rng)
+        prompt_ids = tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]
+        solution_ids = tokenizer(task.sample_solution(problem, rng), add_special_tokens=False)["input_ids"]
+        sequences.append((prompt_ids, solution_ids + [tokenizer.eos_token_id]))
+    length = max(len(prompt) + len(solution) for prompt, solution in sequences)
+    input_ids = torch.full((batch_size, length), tokenizer.pad_token_id)
+    labels = torch.full((batch_size, length), -100)
+    attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
+    for row, (prompt, solution) in enumerate(sequences):
+        ids = prompt + solution
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, len(prompt) : len(ids)] = torch.tensor(solution)
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def _weights_digest(model) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _save_atomically(model, tokenizer, path: Path, settings: dict) -> None:
+    """Writes into a temporary sibling folder and renames it, so a crash never leaves a half-written cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        model.save_pretrained(temporary)
+        tokenizer.save_pretrained(temporary)
+        (temporary / "warmup_settings.json").write_text(json.dumps(settings, indent=2, default=str))
+        os.rename(temporary, path)
+    except OSError:
+        # A concurrent run that won the rename left an equivalent cache; any other failure is real.
+        if not path.is_dir():
+            raise
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
