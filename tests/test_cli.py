@@ -358,3 +358,50 @@ def test_ctrl_c_leaves_a_resumable_checkpoint_with_its_seed_snapshot(tiny_dir, t
     assert json.loads((output_dir / "report.json").read_text())["steps"] == step + 1
     _, rows_after = _seed_rows(output_dir)
     assert {r["rollout_id"] for r in rows_before} < {r["rollout_id"] for r in rows_after}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The embedded default
+
+
+def test_embedded_default_end_to_end_in_miniature(tmp_path, monkeypatch):
+    """`train.py` with no model and no dataset, shrunk: warm-up, pass@1 before/after, seeds, cards, the report."""
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    output_dir = tmp_path / "embedded"
+    argv = [
+        "--output_dir", str(output_dir),
+        "--embedded_warmup_steps", "5",  # the real warm-up takes minutes; five steps exercise the same path
+        "--embedded_train_problems", "4",  # few prompts, so prompts repeat and later steps draw seeds
+        "--embedded_eval_problems", "8",
+        "--embedded_eval_samples", "1",
+        "--per_device_train_batch_size", "8",
+        "--num_generations", "4",
+        "--max_completion_length", "16",
+        "--max_steps", "3",
+        "--save_steps", "1",
+        "--seed_fraction", "1.0",
+        "--disable_tqdm", "true",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    report = json.loads((output_dir / "report.json").read_text())
+    assert 0.0 <= report["held_out_pass@1_before"] <= 1.0 and 0.0 <= report["held_out_pass@1_after"] <= 1.0
+    assert report["steps"] == 3 and report["seeds"]["rollouts"] == 24 and report["seeds"]["continuations"] > 0
+    assert Path(report["model_card"]).is_file() and Path(report["dataset_card"]).is_file()
+    assert Path(report["last_checkpoint"]).name == "checkpoint-3"
+    assert "held_out_pass@1_after" in Path(report["model_card"]).read_text()
+    assert list((tmp_path / "cache").glob("warmup/*/model.safetensors"))  # the warm-up was cached
+
+
+@pytest.mark.slow
+def test_embedded_default_improves_held_out_pass_at_1(tmp_path):
+    """The real embedded default (minutes on two cores): RL must raise held-out pass@1 over the warmed-up model."""
+    output_dir = tmp_path / "embedded"
+    _launch(
+        tmp_path,
+        ["--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml")],
+        ["--output_dir", str(output_dir)],
+        timeout=1200,
+    )
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["held_out_pass@1_after"] > report["held_out_pass@1_before"]

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,7 +94,7 @@ class SeedScriptArguments(ScriptArguments):
             Size of the held-out set on which pass@1 is measured before and after training (0: no evaluation).
         embedded_eval_samples (`int`, *optional*, defaults to `4`):
             Sampled completions per held-out problem for pass@1.
-        embedded_warmup_steps (`int`, *optional*, defaults to `300`):
+        embedded_warmup_steps (`int`, *optional*, defaults to `600`):
             Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given).
     """
 
@@ -119,7 +120,7 @@ class SeedScriptArguments(ScriptArguments):
     )
     embedded_eval_samples: int = field(default=4, metadata={"help": "Built-in task: samples per held-out problem."})
     embedded_warmup_steps: int = field(
-        default=300, metadata={"help": "Supervised warm-up steps of the tiny model (cached)."}
+        default=600, metadata={"help": "Supervised warm-up steps of the tiny model (cached)."}
     )
 
 
@@ -169,10 +170,11 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         assert not unused, unused  # every embedded default is a real field
     skip_deepspeed_shm_build()
     if _cpu_only():
-        # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU rather than fail on bf16.
-        # DeepSpeed picks its CPU accelerator by itself (DS_ACCELERATOR=cpu) and wants float32 there.
+        # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU in float32 rather than fail on
+        # GRPOConfig's bf16 default (bf16 autocast on CPU is slow and perturbs the sampling log-probs). DeepSpeed
+        # picks its CPU accelerator by itself (DS_ACCELERATOR=cpu).
         deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
-        parser.set_defaults_with_config(**({"bf16": False} if deepspeed else {"use_cpu": True}))
+        parser.set_defaults_with_config(bf16=False, **({} if deepspeed else {"use_cpu": True}))
     try:
         return parser.parse_args_and_config(argv)
     except ValueError as error:  # unknown recipe keys or flags, bad values
@@ -530,7 +532,8 @@ def seed_statistics(trainer) -> dict:
     for name in names:
         values = [h[name] for h in history if name in h and h[name] == h[name]]
         if values:
-            stats[name.removeprefix("seeds/")] = values[-1] if name == "seeds/bank_size" else sum(values) / len(values)
+            key = name.removeprefix("seeds/")
+            stats[key] = int(values[-1]) if key == "bank_size" else sum(values) / len(values)
     manifest = Path(trainer.args.output_dir) / "seeds" / "manifest.json"
     if manifest.is_file():
         import pyarrow.parquet as pq
@@ -547,20 +550,22 @@ def seed_statistics(trainer) -> dict:
 def format_report(report: dict) -> str:
     """The final report of `train.py` as aligned text lines."""
     lines = ["", "=" * 72, "Thinking Seeds run finished"]
+
+    def show(value):
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
     for key, value in report.items():
-        if isinstance(value, float):
-            value = f"{value:.3f}"
-        elif isinstance(value, dict):
-            value = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
-        lines.append(f"  {key:<24} {value}")
+        if isinstance(value, dict):
+            lines.append(f"  {key}")
+            lines += [f"    {name:<22} {show(item)}" for name, item in value.items()]
+        else:
+            lines.append(f"  {key:<24} {show(value)}")
     lines.append("=" * 72)
     return "\n".join(lines)
 
 
 def report_run(trainer, start: float, metrics: dict, cards: dict) -> dict:
     """Prints the final report (pass@1, seeding statistics, where everything was written) and saves `report.json`."""
-    import time
-
     from transformers.trainer_utils import get_last_checkpoint
 
     output_dir = Path(trainer.args.output_dir)
