@@ -381,3 +381,11 @@ def test_fully_seeded_batches_generate_only_the_budget_left(make_trainer):
     assert budgets[0] == 12  # nothing to seed from at the first step
     assert min(budgets) < 12  # later, every group is seeded: the longest remaining budget bounds generation
     assert trainer.generation_config.max_new_tokens == 12  # restored after each call
+
+
+def test_conversational_prompts_are_measured_against_the_budget(make_trainer):
+    from datasets import Dataset
+
+    long_chat = [[{"role": "user", "content": "x" * 600}]] + [[{"role": "user", "content": "hi"}]] * 3
+    with pytest.raises(ValueError, match="exceeds the model's"):
+        make_trainer(dataset=Dataset.from_dict({"prompt": long_chat}))

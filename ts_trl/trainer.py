@@ -188,13 +188,18 @@ class SeedGRPOTrainer(GRPOTrainer):
             )
         if not hasattr(dataset, "__len__"):
             return  # an IterableDataset is checked batch by batch
-        prompts = dataset.select(range(min(len(dataset), 2000)))["prompt"] if hasattr(dataset, "select") else []
+        prompts = list(dataset.select(range(min(len(dataset), 2000)))["prompt"]) if hasattr(dataset, "select") else []
         for index, prompt in enumerate(prompts):
             if not prompt or (isinstance(prompt, str) and not prompt.strip()):
                 raise ValueError(f"Row {index} of the training dataset has an empty prompt; drop or fill it.")
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
         texts = [p for p in prompts if isinstance(p, str)]
-        longest = max((len(ids) for ids in self._tokenizer(texts)["input_ids"]), default=0) if texts else 0
+        lengths = [len(ids) for ids in self._tokenizer(texts)["input_ids"]] if texts else []
+        chats = [p for p in prompts if not isinstance(p, str)]
+        if chats and getattr(self._tokenizer, "chat_template", None):
+            rendered = self._tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
+            lengths += [len(ids) for ids in (rendered if isinstance(rendered, list) else rendered["input_ids"])]
+        longest = max(lengths, default=0)
         if max_positions is not None and longest + self.max_completion_length > max_positions:
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
