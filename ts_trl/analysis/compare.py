@@ -46,8 +46,10 @@ class Budget:
     warmup_steps: int
 
 
-FULL = Budget(120, 128, 256, 8, 8, 48, 4, 20, 300)
-QUICK = Budget(12, 12, 48, 4, 4, 40, 2, 0, 300)  # 12 prompts: each comes back 4 times, so seeds exist
+# The embedded default's settings (ts_trl/cli.py): same warm-up (hence the same cache), 8 groups of 8 per step, and
+# 64 training prompts, so each prompt comes back every 8 steps and finds seeds.
+FULL = Budget(160, 64, 256, 8, 8, 40, 4, 20, 600)
+QUICK = Budget(40, 64, 128, 8, 8, 40, 4, 0, 600)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-steps", type=int, help="Supervised warm-up steps (cached across runs).")
     parser.add_argument("--difficulty", type=int, default=2, help="Additions per problem of the embedded task.")
     parser.add_argument("--seed-fraction", type=float, default=0.5, help="Share of groups seeded / replayed.")
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="The embedded default's (3e-4 collapsed).")
     parser.add_argument("--output-dir", default="compare", help="Where compare.md, compare.csv, compare.png go.")
     return parser
 
