@@ -18,3 +18,13 @@ def test_every_subpackage_is_packaged():
     assert found <= packaged, f"add {sorted(found - packaged)} to [tool.setuptools] packages in pyproject.toml"
     assert config["package-dir"]["ts_trl.model_cards"] == "model_cards"
     assert list((ROOT / "model_cards").glob("*.j2"))
+
+
+def test_ci_runs_the_readme_commands_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line.strip()]
+    assert len(commands) == 2, "the quick start promises exactly two commands"
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    for command in commands:
+        assert command in ci, f".ci/run must run the README's command verbatim: {command}"
