@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib
 import json
 import math
@@ -53,6 +54,14 @@ def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
         raise InputError(f"{role} {str(path)!r} has no loadable tokenizer ({type(error).__name__}).") from error
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     return model, tokenizer
+
+
+def write_csv(path, records: list[dict]) -> None:
+    """Writes dict rows as CSV; the header is the union of their keys, in first-seen order."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in records for k in r)))
+        writer.writeheader()
+        writer.writerows(records)
 
 
 def check_ratios(ratios: Sequence[float]) -> list[float]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .common import InputError, output_dir, quiet_libraries, run_command
+from .common import InputError, output_dir, quiet_libraries, run_command, write_csv
 
 METHODS = {
     "none": {"seed_method": "none"},
@@ -133,8 +132,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     runs_path, curves_path = out / "compare.csv", out / "curves.csv"
     table_path, plot_path = out / "compare.md", out / "compare.png"
-    _write_csv(runs_path, results)
-    _write_csv(curves_path, curves)
+    write_csv(runs_path, results)
+    write_csv(curves_path, curves)
     table = format_table(summarize(results), budget, args, time.time() - started)
     table_path.write_text(table + "\n")
     plot(curves, plot_path, budget, args)
@@ -310,13 +309,6 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
 
 def _isnan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
-
-
-def _write_csv(path, records: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in records for k in r)))
-        writer.writeheader()
-        writer.writerows(records)
 
 
 def cli(argv: list[str] | None = None) -> int:

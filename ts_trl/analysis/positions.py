@@ -16,7 +16,6 @@ Run `python -m ts_trl.positions --help`.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 
 import numpy as np
@@ -30,6 +29,7 @@ from .common import (
     quiet_libraries,
     run_command,
     token_logprobs,
+    write_csv,
 )
 
 
@@ -80,10 +80,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     out = output_dir(args.output_dir)
     csv_path, plot_path = out / "positions.csv", out / "positions.png"
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(summary[0]))
-        writer.writeheader()
-        writer.writerows(summary)
+    write_csv(csv_path, summary)
     steps = sorted({r["step"] for r in rollouts})
     plot(summary, plot_path, args, len(rollouts), steps)
     print(format_table(summary))

@@ -9,7 +9,6 @@ solutions from scratch; both are flat lines. Run `python -m ts_trl.relay --help`
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 
 from ..snapshots import tokenizer_fingerprint
@@ -26,6 +25,7 @@ from .common import (
     run_command,
     sample_continuations,
     wilson_interval,
+    write_csv,
 )
 
 DEFAULT_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))
@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     samples = relay_samples(model_a, model_b, tokenizer, rows, ratios, args, reward_fn)
     summary = summarize(samples, ratios)
     samples_path, summary_path, plot_path = out / "relay_samples.csv", out / "relay.csv", out / "relay.png"
-    _write_csv(samples_path, samples)
-    _write_csv(summary_path, summary)
+    write_csv(samples_path, samples)
+    write_csv(summary_path, summary)
     plot(summary, plot_path, args)
     print(format_table(summary))
     print(f"wrote {summary_path}, {samples_path} and {plot_path}")
@@ -205,13 +205,6 @@ def plot(summary: list[dict], path, args) -> None:
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _write_csv(path, records: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
 
 
 def cli(argv: list[str] | None = None) -> int:
