@@ -455,7 +455,7 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     out = tmp_path / "compare"
     status = main(
         ["compare", "--quick", "--methods", "none", "seeds-state", "--num-seeds", "2", "--steps", "2",
-         "--n-train", "4", "--n-eval", "4", "--eval-samples", "1", "--warmup-steps", "2", "--output-dir", str(out)]
+         "--n-train", "8", "--n-eval", "4", "--eval-samples", "1", "--warmup-steps", "2", "--output-dir", str(out)]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert status == 0 and f"wrote {out / 'compare.md'}" in printed

@@ -77,6 +77,10 @@ def budget_from(args) -> Budget:
     for name in ("steps", "n_train", "n_eval", "eval_samples", "warmup_steps"):
         if getattr(budget, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(budget, name)}.")
+    if budget.n_train < budget.prompts_per_step:
+        raise InputError(
+            f"--n-train must be at least the {budget.prompts_per_step} prompts one step draws, got {budget.n_train}."
+        )
     if args.num_seeds < 1:
         raise InputError(f"--num-seeds must be positive, got {args.num_seeds}.")
     if not 0.0 < args.seed_fraction <= 1.0:
