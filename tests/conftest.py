@@ -48,27 +48,30 @@ def tiny_prompts(n: int = 8):
     return Dataset.from_dict({"prompt": [f"Q: {i}+{i + 1}=" for i in range(n)]})
 
 
+# Small, fast trainer settings shared by the tests; each shrunk value says why it is small.
+TINY_SETTINGS = dict(
+    per_device_train_batch_size=8,  # two prompt groups per step: enough to mix seeded and plain groups
+    num_generations=4,  # the smallest group that still has a spread of rewards
+    max_completion_length=12,  # short responses keep each step well under a second on CPU
+    max_steps=6,
+    save_steps=2,
+    logging_steps=1,
+    learning_rate=1e-3,  # large, so a handful of steps visibly moves the tiny model
+    report_to=[],
+    use_cpu=True,
+    seed=0,
+    seed_fraction=1.0,
+    disable_tqdm=True,
+)
+
+
 @pytest.fixture
 def make_trainer(tmp_path, tokenizer):
     """Builds a SeedGRPOTrainer (or any GRPOTrainer subclass) on the tiny model with small, fast settings."""
     from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 
     def make(trainer_cls=SeedGRPOTrainer, config_cls=SeedGRPOConfig, dataset=None, reward=count_reward, **overrides):
-        settings = dict(
-            output_dir=str(tmp_path / "run"),
-            per_device_train_batch_size=8,  # two prompt groups per step: enough to mix seeded and plain groups
-            num_generations=4,  # the smallest group that still has a spread of rewards
-            max_completion_length=12,  # short responses keep each step well under a second on CPU
-            max_steps=6,
-            save_steps=2,
-            logging_steps=1,
-            learning_rate=1e-3,  # large, so a handful of steps visibly moves the tiny model
-            report_to=[],
-            use_cpu=True,
-            seed=0,
-            seed_fraction=1.0,
-            disable_tqdm=True,
-        )
+        settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run")}
         settings.update(overrides)
         known = {f.name for f in dataclasses.fields(config_cls)}
         args = config_cls(**{k: v for k, v in settings.items() if k in known})

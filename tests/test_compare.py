@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tests.conftest as c
+from tests.conftest import TINY_SETTINGS
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 
 G = 4  # num_generations of every run below
@@ -26,21 +27,12 @@ def _shard_rows(output_dir) -> dict[str, dict]:
 
 
 def _config(output_dir, **overrides):
-    settings = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=8,  # two prompt groups per step
-        num_generations=G,
-        max_completion_length=12,  # short responses keep a step around a second on CPU
-        max_steps=6,
-        save_steps=2,
-        logging_steps=1,
-        learning_rate=1e-2,  # large, so the policy drifts from the replayed rollouts' behaviour policy in a few steps
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        seed_fraction=1.0,
-        disable_tqdm=True,
-    )
+    settings = {
+        **TINY_SETTINGS,
+        "output_dir": str(output_dir),
+        "num_generations": G,
+        "learning_rate": 1e-2,  # large, so the policy drifts from the replayed rollouts' behaviour policy in a few steps
+    }
     settings.update(overrides)
     return SeedGRPOConfig(**settings)
 
