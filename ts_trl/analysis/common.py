@@ -219,3 +219,20 @@ def output_dir(path: str | os.PathLike) -> Path:
     except OSError as error:
         raise InputError(f"cannot create the output folder {str(path)!r} ({error.strerror}).") from error
     return folder
+
+
+def prefix_overlap(logp_current, logp_behaviour):
+    """State coverage of prefixes sampled from a behaviour policy q, as seen by the current policy p.
+
+    Each argument holds one summed log-probability per prefix (log p(prefix), log q(prefix)), the prefixes having been
+    sampled from q. Returns E_q[min(1, p/q)] = 1 - TV(p, q) over those prefixes: the share of q's prefix mass that p
+    still reaches. It falls as p moves away from q's states and is 1 when p = q, whatever the prefix length (a mean
+    per-token log-prob threshold does neither). One definition, used by `positions` and by `compare`.
+    """
+    import numpy as np
+
+    log_ratio = np.asarray(logp_current, dtype=np.float64) - np.asarray(logp_behaviour, dtype=np.float64)
+    log_ratio = log_ratio[np.isfinite(log_ratio)]
+    if log_ratio.size == 0:
+        return math.nan
+    return float(np.mean(np.exp(np.minimum(log_ratio, 0.0))))
