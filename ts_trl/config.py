@@ -107,7 +107,20 @@ class SeedGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # The seeding fields first: a bad one is then reported as itself, not hidden behind whatever TRL or
+        # transformers find wrong with the rest of the setup (e.g. bf16 requested on a CPU-only machine).
+        self._validate_seeding()
         super().__post_init__()
+        if self.push_seeds_to_hub and self.hub_seed_dataset_id is None:
+            if self.hub_model_id is None:
+                raise ValueError(
+                    "push_seeds_to_hub=True needs a dataset repo: set hub_seed_dataset_id='org/name' (or hub_model_id, "
+                    "whose '<hub_model_id>-seeds' is then used)."
+                )
+            self.hub_seed_dataset_id = f"{self.hub_model_id}-seeds"
+
+    def _validate_seeding(self) -> None:
+        """Checks the fields this class adds, using only values the user set (nothing TRL derives later)."""
         if self.seed_method not in SEED_METHODS:
             raise ValueError(f"seed_method must be one of {SEED_METHODS}, got {self.seed_method!r}.")
         if self.prefix_mode not in PREFIX_MODES:
@@ -128,13 +141,6 @@ class SeedGRPOConfig(GRPOConfig):
             raise ValueError(f"prefix_is_clip must be positive, got {self.prefix_is_clip}.")
         if self.seed_min_age < 0:
             raise ValueError(f"seed_min_age must be >= 0, got {self.seed_min_age}.")
-        if self.push_seeds_to_hub and self.hub_seed_dataset_id is None:
-            if self.hub_model_id is None:
-                raise ValueError(
-                    "push_seeds_to_hub=True needs a dataset repo: set hub_seed_dataset_id='org/name' (or hub_model_id, "
-                    "whose '<hub_model_id>-seeds' is then used)."
-                )
-            self.hub_seed_dataset_id = f"{self.hub_model_id}-seeds"
         if self.seed_method == "replay" and not 1 <= self.replay_per_group < self.num_generations:
             raise ValueError(
                 f"replay_per_group must lie in [1, num_generations) = [1, {self.num_generations}), "
