@@ -2,11 +2,19 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from ts_trl import Cut, SeedCollator
-from ts_trl.cutting import boundary_token_ids, choose_cut, max_cut, prefix_importance_weights
+from ts_trl.cutting import (
+    admissible_ratios,
+    boundary_token_ids,
+    choose_cut,
+    draw_cut,
+    max_cut,
+    prefix_importance_weights,
+)
 
 EOS = 1
 
@@ -86,3 +94,26 @@ def test_saved_tiny_tokenizer_loads_back_exactly(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     text = "Q: 7+15+9\nA: 7+15=22"
     assert load_tokenizer(tmp_path)(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+def test_ratio_is_drawn_over_the_admissible_range_only():
+    seed = list(range(10, 50))  # 40 tokens against a budget of 12: only k <= 11, i.e. r < 12 / 40, fits
+    assert admissible_ratios(seed, {EOS}, budget=12, low=0.1, high=0.9) == pytest.approx((0.1, 0.3))
+    rng = np.random.default_rng(0)
+    ks = [draw_cut(seed, rng, 0.1, 0.9, {EOS}, budget=12).k for _ in range(2000)]
+    assert min(ks) == 4 and max(ks) == 11  # floor(0.1 * 40) .. budget - 1
+    counts = np.bincount(ks)[4:]
+    assert counts.max() < 1.5 * counts.mean()  # about uniform over 4..11, not piled at 11 as clipping did
+    short = [10, 11, 12, EOS]  # r below 1/4 would give k = 0: the range starts at 1/4
+    assert admissible_ratios(short, {EOS}, budget=64, low=0.1, high=0.9) == pytest.approx((0.25, 0.9))
+
+
+def test_seeds_that_cannot_be_cut_as_asked_are_refused():
+    long = list(range(10, 210))  # 200 tokens: even r = 0.1 gives k = 20 > budget - 1
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    assert admissible_ratios(long, {EOS}, budget=12, low=0.1, high=0.9) is None
+    assert draw_cut(long, rng, 0.1, 0.9, {EOS}, budget=12) is None
+    assert rng.bit_generator.state == state  # nothing drawn for a refused seed
+    assert admissible_ratios([10, EOS], {EOS}, budget=64, low=0.3, high=0.3) is None  # floor(0.6) = 0
+    assert admissible_ratios(list(range(10, 20)), {EOS}, budget=64, low=0.3, high=0.3) == (0.3, 0.3)

@@ -111,3 +111,41 @@ def boundary_token_ids(tokenizer, marker: str = "\n") -> frozenset[int]:
 
 def draw_ratio(rng: np.random.Generator, low: float, high: float) -> float:
     return float(rng.uniform(low, high)) if high > low else float(low)
+
+
+def admissible_ratios(
+    seed_ids: Sequence[int], eos_token_ids: Collection[int], budget: int, low: float, high: float
+) -> tuple[float, float] | None:
+    """The part of `[low, high]` whose cuts `floor(r * len(seed))` are admissible (`1 <= k <= max_cut`), or None.
+
+    A seed longer than the budget (e.g. from a `seed_dataset` of a run with a larger `max_completion_length`) admits
+    only small ratios; drawing `r` from all of `[low, high]` and clipping `k` would pile most cuts at the budget.
+    """
+    upper = max_cut(seed_ids, eos_token_ids, budget)
+    if upper < 1:
+        return None
+    length = len(seed_ids)
+    if low == high:  # a single ratio asked for: it fits or it does not
+        return (low, high) if 1 <= math.floor(low * length) <= upper else None
+    # k = floor(r * length) lies in [1, upper] exactly when r lies in [1 / length, (upper + 1) / length).
+    lo, hi = max(low, 1 / length), min(high, (upper + 1) / length)
+    return (lo, hi) if lo < hi else None
+
+
+def draw_cut(
+    seed_ids: Sequence[int],
+    rng: np.random.Generator,
+    low: float,
+    high: float,
+    eos_token_ids: Collection[int],
+    budget: int,
+    boundary_token_ids: Collection[int] | None = None,
+) -> Cut | None:
+    """Draws `r` uniformly over the admissible part of `[low, high]` and cuts there; None if no ratio in it fits.
+
+    Draws nothing from `rng` when the seed cannot be cut as asked, so the caller can count and skip it.
+    """
+    bounds = admissible_ratios(seed_ids, eos_token_ids, budget, low, high)
+    if bounds is None:
+        return None
+    return choose_cut(seed_ids, draw_ratio(rng, *bounds), eos_token_ids, budget, boundary_token_ids)
