@@ -63,3 +63,68 @@ def test_generate_single_turn_returns_ids_and_logprobs():
 def test_tool_mask_still_masks_the_loss():
     """The prefix mask rides in TRL's tool_mask slot: check that the loss still multiplies it in."""
     assert 'completion_mask * inputs["tool_mask"]' in inspect.getsource(GRPOTrainer._compute_loss)
+
+
+@pytest.fixture(scope="module")
+def plain_trainer(tmp_path_factory):
+    """A plain GRPOTrainer on the tiny model: the private attributes below are read from TRL itself, not from ours."""
+    from trl import GRPOConfig
+
+    from tests.conftest import count_reward, tiny_prompts
+    from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("plain")),
+        per_device_train_batch_size=4,
+        num_generations=4,  # one group: the smallest batch TRL accepts
+        max_completion_length=6,  # a few generated tokens are enough to fill every field of `_generate`
+        report_to=[],
+        use_cpu=True,
+    )
+    return GRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=count_reward,
+        args=args,
+        train_dataset=tiny_prompts(4),
+        processing_class=tokenizer,
+    )
+
+
+def test_private_attributes_the_trainer_reads(plain_trainer):
+    """SeedGRPOTrainer reads these GRPOTrainer attributes; a rename in TRL must fail here, not mid-training."""
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+    t = plain_trainer
+    assert isinstance(t._metrics, dict) and set(t._metrics) >= {"train", "eval"}
+    t._metrics["train"]["probe"].append(1.0)  # the trainer appends to keys it never declared: a defaultdict(list)
+    del t._metrics["train"]["probe"]
+    assert t.generation_kwargs["max_new_tokens"] == t.max_completion_length == 6
+    assert isinstance(t.generation_config, GenerationConfig) and t.generation_config.max_new_tokens == 6
+    assert t.vllm_mode in ("server", "colocate") and isinstance(t.vllm_tensor_parallel_size, int)
+    assert t.use_vllm is False
+    assert isinstance(t._tokenizer, PreTrainedTokenizerBase)
+    assert list(t.eos_token_ids) and t.num_generations == 4
+    assert t.reward_func_names == ["count_reward"] and t.reward_weights.tolist() == [1.0]
+    assert t.mask_truncated_completions is False
+
+
+def test_generate_returns_eight_fields_and_logs_the_length_metrics(plain_trainer):
+    """`_generate` at run time: the 8-tuple the trainer unpacks, and the length metrics it corrects afterwards."""
+    t = plain_trainer
+    t.model.train()
+    for values in t._metrics["train"].values():
+        values.clear()
+    result = t._generate(["Q: 1+2=", "Q: 1+2=", "Q: 1+2=", "Q: 1+2="])
+    assert isinstance(result, tuple) and len(result) == 8
+    prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = result
+    assert len(prompt_ids) == len(completion_ids) == len(completions) == 4
+    assert all(isinstance(ids, list) and 1 <= len(ids) <= 6 for ids in completion_ids)
+    assert tool_mask is None and logprobs is None and extra_fields == {}
+    lengths = [len(ids) for ids in completion_ids]
+    metrics = t._metrics["train"]
+    for key in ("completions/mean_length", "completions/min_length", "completions/max_length"):
+        assert len(metrics[key]) == 1, key
+    assert metrics["completions/mean_length"][-1] == pytest.approx(sum(lengths) / 4)
+    assert len(metrics["completions/clipped_ratio"]) == 1
+    assert len(metrics["completions/mean_terminated_length"]) == 1
