@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bank import Seed, SeedBank
-from .cutting import Cut, Splice, choose_cut, draw_ratio
+from .cutting import Cut, Splice, draw_cut
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass-rate estimate (seed_selection="passrate")
 
@@ -36,6 +36,7 @@ class GroupPlan:
     global_seed_age: list[float] = field(default_factory=list)  # per seeded group
     num_groups: int = 0
     num_eligible_groups: int = 0
+    num_refused_cuts: int = 0  # groups drawn for seeding whose seed admits no cut in the ratio range and the budget
     replayed: list[bool] = field(default_factory=list)  # per local row: an old rollout put back whole, not generated
     global_replayed: np.ndarray | None = None
     group_keys: list[str] = field(default_factory=list)  # prompt id of every group of the global batch
@@ -48,7 +49,8 @@ class GroupPlan:
 class GroupPlanner:
     """Plans the seeded groups of every generation batch and keeps the pass rates that `passrate` selection reads.
 
-    `args` is a `SeedGRPOConfig` (only its seeding fields and `seed` are read); `budget` is `max_completion_length`.
+    `args` is a `SeedGRPOConfig` (only its seeding fields and `seed` are read); `budget` is `max_completion_length`;
+    `max_positions` is the model's position limit (None: unbounded), which bounds the cuts of long prompts.
     """
 
     def __init__(
@@ -58,8 +60,10 @@ class GroupPlanner:
         budget: int,
         eos_token_ids: Collection[int],
         boundary_token_ids: Collection[int] | None = None,
+        max_positions: int | None = None,
     ):
         self.args = args
+        self.max_positions = max_positions
         self.num_generations = num_generations
         self.budget = budget
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -71,10 +75,19 @@ class GroupPlanner:
         self.pass_rates = dict(pass_rates or {})
         self._generation_key = (-1, 0)
 
-    def plan(self, bank: SeedBank, keys: Sequence[str], step: int, first_row: int, local_size: int) -> GroupPlan:
+    def plan(
+        self,
+        bank: SeedBank,
+        keys: Sequence[str],
+        step: int,
+        first_row: int,
+        local_size: int,
+        prompt_lengths: Sequence[int] | None = None,
+    ) -> GroupPlan:
         """Decides which prompt groups of the global batch (`keys`: one prompt id per row) are seeded and where cut.
 
-        `first_row` and `local_size` select this rank's rows of the global batch.
+        `first_row` and `local_size` select this rank's rows of the global batch. `prompt_lengths` (tokens, one per
+        row) are needed when `max_positions` is set.
         """
         args, G = self.args, self.num_generations
         group_keys = list(keys[::G])
@@ -88,7 +101,8 @@ class GroupPlanner:
         if args.seed_method == "replay":
             plan = self._plan_replay(bank, group_keys, wanted, candidates, rng, step, first_row, local_size)
         else:
-            plan = self._plan_cuts(group_keys, wanted, candidates, rng, step, first_row, local_size)
+            group_lengths = list(prompt_lengths[::G]) if prompt_lengths is not None else None
+            plan = self._plan_cuts(group_keys, wanted, candidates, rng, step, first_row, local_size, group_lengths)
         plan.step, plan.count = step, count
         return plan
 
@@ -98,15 +112,27 @@ class GroupPlanner:
             group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self.pass_rates
         )
 
-    def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size) -> GroupPlan:
-        """`seed_method="seeds"`: every row of a chosen group continues from the same cut of the same seed."""
+    def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size, lengths) -> GroupPlan:
+        """`seed_method="seeds"`: every row of a chosen group continues from the same cut of the same seed.
+
+        The ratio is drawn over the part of `[cut_ratio_min, cut_ratio_max]` that the budget admits; a seed that no
+        ratio in that range can cut (e.g. much longer than the budget) leaves its group plain, and is counted.
+        """
         args, G = self.args, self.num_generations
-        group_seeds, group_cuts = [], []
-        for want, seed in zip(wanted, candidates):
+        group_seeds, group_cuts, refused = [], [], 0
+        for g, (want, seed) in enumerate(zip(wanted, candidates)):
             cut = None
             if seed is not None:
-                ratio = draw_ratio(rng, args.cut_ratio_min, args.cut_ratio_max)
-                cut = choose_cut(seed.completion_ids, ratio, self.eos_token_ids, self.budget, self.boundary_token_ids)
+                cut = draw_cut(
+                    seed.completion_ids,
+                    rng,
+                    args.cut_ratio_min,
+                    args.cut_ratio_max,
+                    self.eos_token_ids,
+                    self._cut_budget(lengths[g] if lengths is not None else None),
+                    self.boundary_token_ids,
+                )
+                refused += bool(want and cut is None)
             if not want or cut is None:
                 seed, cut = None, None
             group_seeds.append(seed)
@@ -120,10 +146,18 @@ class GroupPlanner:
             global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
             num_groups=len(group_keys),
             num_eligible_groups=sum(s is not None for s in candidates),
+            num_refused_cuts=refused,
             replayed=[False] * local_size,
             global_replayed=np.zeros(len(group_keys) * G, dtype=bool),
             group_keys=list(group_keys),
         )
+
+    def _cut_budget(self, prompt_length: int | None) -> int:
+        """The budget a cut must leave: generation runs up to `budget` tokens past `prompt + k` whatever the row's
+        own share (the batch's `max_new_tokens`), so `prompt + k + budget` must stay within the model's positions."""
+        if self.max_positions is None or prompt_length is None:
+            return self.budget
+        return min(self.budget, self.max_positions - self.budget - prompt_length + 1)
 
     def _plan_replay(self, bank, group_keys, wanted, first_candidates, rng, step, first_row, local_size) -> GroupPlan:
         """`seed_method="replay"`: the last `replay_per_group` rows of a chosen group are whole old rollouts.

@@ -87,14 +87,16 @@ class SeedGRPOTrainer(GRPOTrainer):
             args = SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds")
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
+        # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
+        # dataset) is reported as itself rather than hidden behind the refusal below.
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         if args.seed_method != "none":
             for unsupported in ("tools", "rollout_func", "environment_factory"):
-                if kwargs.get(unsupported) is not None:
+                if kwargs.get(unsupported):
                     raise ValueError(
                         f"seed_method={args.seed_method!r} cannot be combined with `{unsupported}`: seeds are spliced "
                         "into single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
                     )
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         self.seed_collator = SeedCollator(args.prefix_mode)
         tokenizer_fp = tokenizer_fingerprint(self._tokenizer)
         external_seeds = None
@@ -109,6 +111,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.max_completion_length,
             self.eos_token_ids,
             boundary_token_ids(self._tokenizer) if args.cut_at_newline else None,
+            max_positions=getattr(self.model.config, "max_position_embeddings", None),
         )
         self.seed_store = SeedStore(
             args.output_dir,
@@ -122,6 +125,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             metrics=self._metrics["train"],
         )
         self._plan: GroupPlan | None = None
+        self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
         self._captured_logps: list[torch.Tensor] | None = None
         self._last_rewards_per_func: torch.Tensor | None = None
         if args.seed_method != "none":
@@ -182,18 +186,43 @@ class SeedGRPOTrainer(GRPOTrainer):
         self.seed_store.flush()
         self._plan = self._plan_groups(inputs)
         try:
-            output = super()._generate_and_score_completions(inputs)
+            with self._truncation_in_loss_mask():
+                output = super()._generate_and_score_completions(inputs)
             self._record_rollouts(inputs, output, self._plan)
         finally:
             self._plan = None
         return output
 
+    @contextlib.contextmanager
+    def _truncation_in_loss_mask(self):
+        """Keeps truncated rows visible to the forward passes while `mask_truncated_completions` drops their loss.
+
+        TRL zeroes `completion_mask` of truncated rows, which is also the attention mask of the forward passes whose
+        log-probs become the bank's behaviour log-probs: those would then be scored without their own tokens. Here TRL
+        is told not to, and `_generate` zeroes the rows in the `tool_mask` instead, which TRL multiplies into every
+        loss, normaliser and metric mask, so the loss is TRL's own.
+        """
+        self._mask_truncated = self.mask_truncated_completions
+        self.mask_truncated_completions = False
+        try:
+            yield
+        finally:
+            self.mask_truncated_completions, self._mask_truncated = self._mask_truncated, False
+
     def _plan_groups(self, inputs) -> GroupPlan:
         """Decides, identically on every rank, which prompt groups of the global batch are seeded and where cut."""
-        local_keys = [_prompt_key(x) for x in inputs]
-        keys = gather_object(local_keys) if self.accelerator.num_processes > 1 else local_keys
+        local = [(_prompt_key(x), n) for x, n in zip(inputs, self._prompt_lengths(inputs))]
+        rows = gather_object(local) if self.accelerator.num_processes > 1 else local
+        keys, lengths = [key for key, _ in rows], [n for _, n in rows]
         first = self.accelerator.process_index * len(inputs)
-        return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs))
+        return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs), lengths)
+
+    def _prompt_lengths(self, inputs) -> list[int | None]:
+        """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions."""
+        if self.planner.max_positions is None or self.args.seed_method != "seeds":
+            return [None] * len(inputs)
+        prompt_ids, _, _ = self._tokenize_prompts([x["prompt"] for x in inputs])
+        return [len(ids) for ids in prompt_ids]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
@@ -274,7 +303,46 @@ class SeedGRPOTrainer(GRPOTrainer):
         plan.completion_ids, plan.completions, plan.sampling_logprobs = completion_ids, completions, logprobs
         if plan.any_seeded and self.args.prefix_mode == "state":
             tool_mask = plan.response_masks
+        truncated = [ids[-1] not in self._eos_and_pad for ids in completion_ids]
+        if self._mask_truncated and any(truncated):  # see `_truncation_in_loss_mask`
+            tool_mask = [
+                [0] * len(ids) if cut else (mask if mask is not None else [1] * len(ids))
+                for ids, cut, mask in zip(completion_ids, truncated, tool_mask or [None] * len(completion_ids))
+            ]
+        if plan.global_prefix_len.any():  # the same on every rank: the correction gathers
+            self._log_generated_lengths(plan, completion_ids, truncated)
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images
+
+    @property
+    def _eos_and_pad(self) -> list[int]:
+        return [*self.eos_token_ids, self._tokenizer.pad_token_id]
+
+    def _log_generated_lengths(self, plan: GroupPlan, completion_ids, truncated: list[bool]) -> None:
+        """Replaces TRL's `completions/*` length metrics of this batch by the lengths of what was generated.
+
+        TRL measures them inside `_generate`, on the whole response, before the prefix mask exists: prefix tokens
+        would count as generated. Here a row's length is its continuation, replayed rows (nothing generated) are left
+        out, and `clipped_ratio` keeps TRL's meaning (the response ran into `max_completion_length`).
+        """
+        device = self.accelerator.device
+        generated = [len(ids) - (c.k if c is not None else 0) for ids, c in zip(completion_ids, plan.cuts)]
+        lengths = self.accelerator.gather(torch.tensor(generated, device=device))
+        clipped = self.accelerator.gather(torch.tensor(truncated, device=device))
+        kept = torch.as_tensor(~plan.global_replayed, device=device)
+        lengths, clipped = lengths[kept].float(), clipped[kept]
+        terminated = lengths[~clipped] if (~clipped).any() else torch.zeros(1, device=device)
+        values = {
+            "completions/mean_length": lengths.mean(),
+            "completions/min_length": lengths.min(),
+            "completions/max_length": lengths.max(),
+            "completions/clipped_ratio": clipped.float().mean(),
+            "completions/mean_terminated_length": terminated.mean(),
+            "completions/min_terminated_length": terminated.min(),
+            "completions/max_terminated_length": terminated.max(),
+        }
+        metrics = self._metrics["train"]
+        for key, value in values.items():
+            metrics[key][-1] = value.item()  # TRL appended this batch's value just before
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -377,6 +445,9 @@ class SeedGRPOTrainer(GRPOTrainer):
         num_seeded_groups = int(seeded.sum().item()) // self.num_generations
         metrics["seeds/seeded_group_share"].append(num_seeded_groups / max(plan.num_groups, 1))
         metrics["seeds/eligible_group_share"].append(plan.num_eligible_groups / max(plan.num_groups, 1))
+        if num_seeded_groups or plan.num_refused_cuts:
+            drawn = num_seeded_groups + plan.num_refused_cuts
+            metrics["seeds/refused_cut_share"].append(plan.num_refused_cuts / drawn)
         metrics["seeds/bank_size"].append(len(self.seed_bank))
         if num_seeded_groups:
             metrics["seeds/prefix_len_mean"].append(float(plan.global_prefix_len[plan.global_seeded].mean()))
