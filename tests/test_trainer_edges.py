@@ -68,7 +68,13 @@ def test_generation_never_runs_past_the_models_positions(tmp_path, tokenizer):
         return original(*args, **kwargs)
 
     model.generate = spy
-    settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run"), "save_steps": 1, "seed_fraction": 0.5, "max_steps": 4}
+    settings = {
+        **TINY_SETTINGS,
+        "output_dir": str(tmp_path / "run"),
+        "save_steps": 1,
+        "seed_fraction": 0.5,
+        "max_steps": 4,
+    }
     trainer = SeedGRPOTrainer(
         model=model,
         reward_funcs=count_reward,
