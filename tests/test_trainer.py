@@ -213,7 +213,7 @@ class _PerturbedLogps(SeedGRPOTrainer):
 
 @pytest.mark.parametrize("mode", ["state", "action"])
 def test_invariant_5_prefix_gradient(make_trainer, mode):
-    """In "state" mode no gradient reaches prefix positions; in "action" mode it does, scaled by the IS weight."""
+    """In "state" mode no gradient reaches prefix positions; in "action" mode it does (the state advantage)."""
     trainer = make_trainer(trainer_cls=_PerturbedLogps, prefix_mode=mode, max_steps=4, save_steps=1)
     trainer.train()  # fills the bank and snapshots, so the next batch is seeded
     trainer.model.train()
@@ -233,29 +233,17 @@ def test_invariant_5_prefix_gradient(make_trainer, mode):
     advantages = inputs["advantages"]
     checked = 0
     for i, _, k in cuts:
-        row_advantage = advantages[i] if advantages.dim() == 1 else advantages[i, k]
         if mode == "state":
             assert torch.all(grad[i, :k] == 0)
+        elif advantages[i, 0] != 0:  # the state advantage (tests/test_old_tokens.py checks its value)
+            assert torch.all(grad[i, :k] != 0)
+        row_advantage = advantages[i] if advantages.dim() == 1 else advantages[i, k]
         if row_advantage == 0:
             continue
         checked += 1
-        if mode == "action":
-            assert torch.all(grad[i, :k] != 0)
         assert torch.all(grad[i, k:][mask[i, k:].bool()] != 0)  # continuation tokens are always trained
     assert checked, "no seeded row had a non-zero advantage"
     assert torch.all(grad[mask == 0] == 0)
-    if mode == "action":
-        # prefix advantages are the row advantage times min(exp(logp_now - logp_behaviour), clip)
-        advantages = inputs["advantages"]
-        for i, seed, k in cuts:
-            row_advantage = advantages[i, k]
-            if row_advantage == 0:
-                continue
-            weights = advantages[i, :k] / row_advantage
-            assert torch.all(weights <= trainer.args.prefix_is_clip + 1e-6) and torch.all(weights > 0)
-            now = trainer._policy_logps(inputs)[i, :k]
-            expected = torch.exp(now - torch.tensor(seed.logprobs[:k])).clamp(max=trainer.args.prefix_is_clip)
-            assert weights.tolist() == pytest.approx(expected.tolist(), rel=1e-4)
 
 
 def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path):

@@ -43,7 +43,7 @@ from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
 from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
-from .planning import GroupPlan, GroupPlanner
+from .planning import GroupPlan, GroupPlanner, state_advantages
 from .snapshots import (
     PendingRollout,
     SeedSnapshotCallback,
@@ -127,6 +127,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._plan: GroupPlan | None = None
         self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
         self._captured_logps: list[torch.Tensor] | None = None
+        self._loss_inputs: dict | None = None  # the batch `_compute_loss` is working on, for the forward hook
         self._last_rewards_per_func: torch.Tensor | None = None
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
@@ -363,15 +364,10 @@ class SeedGRPOTrainer(GRPOTrainer):
         # Behaviour log-probs: the backend's (vLLM), else the pre-update policy's when TRL computed them, else the
         # training forward's, captured in `_compute_loss` (identical to TRL's own `old_per_token_logps` then).
         current_logps = output.get("old_per_token_logps")
-        self.planner.update_pass_rates(plan, (total > 0).cpu().numpy())
-        # Tokens the current policy did not sample (seed prefixes in "action" mode, replayed rollouts) are trained
-        # with the truncated ratio pi_theta / pi_behaviour.
-        trains_old_tokens = self.args.prefix_mode == "action" or self.args.seed_method == "replay"
-        seeded_rows = [i for i, c in enumerate(plan.cuts) if c is not None]
-        if trains_old_tokens and seeded_rows:
-            if current_logps is None:
-                current_logps = self._policy_logps(output)
-            self._weight_prefix_actions(output, plan, current_logps)
+        if self._trains_old_tokens:
+            self._prepare_old_token_training(output, plan, total)
+        rewards = total.cpu().numpy()
+        self.planner.observe(plan, rewards, rewards > 0)
 
         step, count, run_id = plan.step, plan.count, self.seed_store.run_id
         pending_rows = []  # per local row: its index in the store's pending queue, -1 if replayed
@@ -408,36 +404,67 @@ class SeedGRPOTrainer(GRPOTrainer):
             output["seed_rollout_row"] = torch.tensor(pending_rows, device=device)
         self._log_seed_metrics(plan, total, output)
 
-    def _policy_logps(self, output) -> torch.Tensor:
-        """Per-token log-probs of the completions under the current policy (one no-grad forward pass)."""
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                output["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        return logps
+    @property
+    def _trains_old_tokens(self) -> bool:
+        """Whether some trained tokens were sampled by an earlier policy: seed prefixes in "action" mode, replays."""
+        return self.args.prefix_mode == "action" or self.args.seed_method == "replay"
 
-    def _weight_prefix_actions(self, output, plan: GroupPlan, current_logps: torch.Tensor) -> None:
-        """Turns advantages into per-token ones, scaling prefix tokens by the truncated ratio pi_theta / pi_behaviour."""
-        shape, device = output["completion_ids"].shape, output["completion_ids"].device
-        behaviour = torch.zeros(shape, device=device)
-        prefix_mask = torch.zeros(shape, dtype=torch.long, device=device)
-        for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
-            if cut is not None:
-                behaviour[i, : cut.k] = torch.as_tensor(np.asarray(seed.logprobs[: cut.k]), device=device)
-                prefix_mask[i, : cut.k] = 1
-        weights = prefix_importance_weights(current_logps, behaviour, prefix_mask, self.args.prefix_is_clip)
+    def _prepare_old_token_training(self, output, plan: GroupPlan, total_rewards: torch.Tensor) -> None:
+        """Gives the tokens an earlier policy sampled their advantage and behaviour log-probs (weighted in the loss).
+
+        Prefix tokens of a seeded group ("action" mode) get the state advantage of `planning.state_advantages`: the
+        group's advantages are centred on the group mean, so they sum to zero over the shared prefix and would
+        cancel. Replayed rollouts keep their row advantage: their tokens are their own, not shared with the group.
+        Built on every rank, seeded or not, so that every rank runs the same collectives in the loss.
+        """
+        completion_ids = output["completion_ids"]
+        device = completion_ids.device
         advantages = output["advantages"]
-        output["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
-        prefix_weights = weights[prefix_mask.bool()]
-        self._metrics["train"]["seeds/prefix_is_ratio_mean"].append(
-            self.accelerator.gather(prefix_weights.mean().reshape(1)).nanmean().item()
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        advantages = advantages.expand(completion_ids.shape).clone()
+        behaviour = torch.zeros(completion_ids.shape, device=device)
+        old_tokens = torch.zeros(completion_ids.shape, dtype=torch.long, device=device)
+        state_advantage = state_advantages(total_rewards.cpu().numpy(), plan, self.num_generations, self.planner)
+        if self.args.scale_rewards != "none":  # the same unit as TRL's advantages: reward standard deviations
+            state_advantage = state_advantage / (float(np.nanstd(total_rewards.cpu().numpy())) + 1e-4)
+        first = self.accelerator.process_index * len(plan.cuts)
+        for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
+            if cut is None:
+                continue
+            behaviour[i, : cut.k] = torch.as_tensor(np.asarray(seed.logprobs[: cut.k], np.float32), device=device)
+            old_tokens[i, : cut.k] = 1
+            if not plan.replayed[i]:
+                advantages[i, : cut.k] = float(state_advantage[first + i])
+        output["advantages"] = advantages
+        output["seed_behaviour_logps"] = behaviour
+        output["seed_old_tokens"] = old_tokens
+
+    def _weight_old_tokens(self, inputs, current_logps: torch.Tensor) -> None:
+        """Scales the advantage of old tokens by `min(pi_old / pi_behaviour, prefix_is_clip)`, in place in `inputs`.
+
+        `pi_old` is TRL's `old_per_token_logps` when it computes them, else the training forward's own detached
+        log-probs, so no extra forward pass is needed; TRL's ratio `pi_theta / pi_old` supplies the rest of
+        `pi_theta / pi_behaviour`. Old tokens whose behaviour log-prob is unknown (NaN: vLLM gives none for a prefix,
+        or a rollout that never reached the loss) get weight 0, i.e. no policy gradient, and are counted in
+        `seeds/nan_behaviour_tokens`.
+        """
+        behaviour, old_tokens = inputs["seed_behaviour_logps"], inputs["seed_old_tokens"].bool()
+        reference = inputs.get("old_per_token_logps")
+        reference = current_logps if reference is None else reference
+        known = torch.isfinite(behaviour)
+        weights = prefix_importance_weights(
+            reference, torch.where(known, behaviour, reference), old_tokens & known, self.args.prefix_is_clip
         )
+        weights = torch.where(old_tokens & ~known, torch.zeros_like(weights), weights)
+        inputs["advantages"] = inputs["advantages"] * weights
+        mask = inputs["completion_mask"].bool()
+        weighted = old_tokens & known & mask
+        stats = torch.stack([weights[weighted].sum(), weighted.sum(), (old_tokens & ~known & mask).sum()]).float()
+        stats = self.accelerator.gather(stats.reshape(1, 3)).sum(dim=0)  # every rank, every micro-batch
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if stats[1] > 0:
+            metrics["seeds/prefix_is_ratio_mean"].append((stats[0] / stats[1]).item())
+        metrics["seeds/nan_behaviour_tokens"].append(stats[2].item())
 
     def _log_seed_metrics(self, plan: GroupPlan, total_rewards: torch.Tensor, output) -> None:
         metrics = self._metrics["train"]
@@ -477,20 +504,28 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if self._captured_logps is not None:
-            self._captured_logps.append(logps.detach())
+        loss_inputs, self._loss_inputs = self._loss_inputs, None  # only the first call: the training forward
+        if loss_inputs is not None:
+            if self._captured_logps is not None:
+                self._captured_logps.append(logps.detach())
+            if "seed_old_tokens" in loss_inputs:  # TRL reads the advantages only after this forward pass
+                self._weight_old_tokens(loss_inputs, logps.detach())
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
         rows = inputs.get("seed_rollout_row")
-        if rows is None:
+        if rows is None and "seed_old_tokens" not in inputs:
             return super()._compute_loss(model, inputs)
-        self._captured_logps = []
+        inputs = dict(inputs)  # the forward hook replaces its advantages; the batch TRL keeps stays as it was
+        self._loss_inputs = inputs
+        self._captured_logps = [] if rows is not None else None
         try:
             loss = super()._compute_loss(model, inputs)
-            logps = self._captured_logps[0].float().cpu().numpy()
+            logps = self._captured_logps[0].float().cpu().numpy() if rows is not None else None
         finally:
-            self._captured_logps = None
+            self._captured_logps, self._loss_inputs = None, None
+        if rows is None:
+            return loss
         for j, row in enumerate(rows.tolist()):
             if row < 0:  # a replayed row: its behaviour log-probs are the stored ones
                 continue
