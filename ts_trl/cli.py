@@ -539,7 +539,12 @@ def seed_statistics(trainer) -> dict:
         import pyarrow.parquet as pq
 
         shards = json.loads(manifest.read_text())["shards"]
-        rows = [pq.read_table(manifest.parent / s["file"], columns=["seed_origin"]) for s in shards]
+        # One file at a time, on this thread: pyarrow's dataset scanner (`pq.read_table`) leaves pool threads that can
+        # abort the interpreter ("terminate called without an active exception") when the process exits right after.
+        rows = [
+            pq.ParquetFile(manifest.parent / s["file"]).read(columns=["seed_origin"], use_threads=False)
+            for s in shards
+        ]
         origins = [o for table in rows for o in table.column("seed_origin").to_pylist()]
         stats["rollouts"] = len(origins)
         stats["continuations"] = sum(o is not None for o in origins)
@@ -565,9 +570,14 @@ def format_report(report: dict) -> str:
 
 
 def report_run(trainer, start: float, metrics: dict, cards: dict) -> dict:
-    """Prints the final report (pass@1, seeding statistics, where everything was written) and saves `report.json`."""
+    """Prints the final report (pass@1, seeding statistics, where everything was written) and saves `report.json`.
+
+    Main process only: the other ranks have nothing to report and exit without touching the seed shards.
+    """
     from transformers.trainer_utils import get_last_checkpoint
 
+    if not trainer.accelerator.is_main_process:
+        return {}
     output_dir = Path(trainer.args.output_dir)
     report = {
         **metrics,
@@ -579,7 +589,6 @@ def report_run(trainer, start: float, metrics: dict, cards: dict) -> dict:
         "seed_dataset": str(output_dir / "seeds"),
         **{name: str(path) for name, path in cards.items()},
     }
-    if trainer.accelerator.is_main_process:
-        print(format_report(report), flush=True)
-        (output_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report), flush=True)
+    (output_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
