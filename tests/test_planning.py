@@ -78,3 +78,16 @@ def test_pass_rates_count_plain_rows_only_and_decay():
     assert planner.pass_rates == {"a": 1 / 3, "c": 0.5} and planner.reward_means == planner.pass_rates
     planner.observe(plan, np.ones(2 * G), np.ones(2 * G, dtype=bool))
     assert planner.pass_rates["c"] == PASS_RATE_DECAY * 0.5 + (1 - PASS_RATE_DECAY) * 1.0
+
+
+def test_cuts_keep_prompt_plus_prefix_plus_budget_within_the_positions():
+    # Seed "a" has 10 tokens; r = 0.5 asks for k = 5. Generation may run `budget` = 8 tokens past prompt + k.
+    keys = ["a"] * G
+    roomy = GroupPlanner(_args(), G, budget=8, eos_token_ids={EOS}, max_positions=30)
+    assert roomy.plan(_bank(), keys, 3, 0, G, prompt_lengths=[10] * G).global_prefix_len[0] == 5  # 10 + 5 + 8 <= 30
+    tight = GroupPlanner(_args(), G, budget=8, eos_token_ids={EOS}, max_positions=22)
+    plan = tight.plan(_bank(), keys, 3, 0, G, prompt_lengths=[10] * G)  # k <= 22 - 8 - 10 = 4: r = 0.5 does not fit
+    assert not plan.any_seeded and plan.num_refused_cuts == 1
+    wide = GroupPlanner(_args(cut_ratio_min=0.1, cut_ratio_max=0.9), G, 8, {EOS}, max_positions=22)
+    ks = {int(wide.plan(_bank(), keys, s, 0, G, prompt_lengths=[10] * G).global_prefix_len[0]) for s in range(1, 41)}
+    assert ks == {1, 2, 3, 4}  # r drawn over the ratios whose cut fits
