@@ -62,6 +62,7 @@ TRL_HOOKS = (
     "_get_per_token_logps_and_entropies",
     "_compute_loss",
     "_tokenize_prompts",
+    "_save_checkpoint",
 )
 
 
@@ -105,6 +106,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
+        if args.success_reward is not None and args.success_reward not in self.reward_func_names:
+            raise ValueError(
+                f"success_reward={args.success_reward!r} is not one of the reward functions {self.reward_func_names}; "
+                "set it to one of those names, or leave it unset to use the first."
+            )
+        self._success_index = self.reward_func_names.index(args.success_reward or self.reward_func_names[0])
         self.planner = GroupPlanner(
             args,
             self.num_generations,
@@ -123,7 +130,11 @@ class SeedGRPOTrainer(GRPOTrainer):
             hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
             hub_token=args.hub_token,
             metrics=self._metrics["train"],
+            success_reward=self.reward_func_names[self._success_index],
+            success_threshold=args.success_threshold,
+            snapshot_steps=args.seed_snapshot_steps,
         )
+        self.seed_store.checkpoint_state = self.planner.state
         self._plan: GroupPlan | None = None
         self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
         self._captured_logps: list[torch.Tensor] | None = None
@@ -174,8 +185,8 @@ class SeedGRPOTrainer(GRPOTrainer):
                 checkpoint = get_last_checkpoint(self.args.output_dir)
                 if checkpoint is None:
                     raise ValueError(f"No checkpoint found in output_dir={self.args.output_dir!r} to resume from.")
-            self.planner.reset()
             self.seed_store.start(checkpoint or None)
+            self.planner.reset(self.seed_store.resumed_state.get("planner"))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -366,8 +377,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         current_logps = output.get("old_per_token_logps")
         if self._trains_old_tokens:
             self._prepare_old_token_training(output, plan, total)
-        rewards = total.cpu().numpy()
-        self.planner.observe(plan, rewards, rewards > 0)
+        success = (rewards_per_func[:, self._success_index] > self.args.success_threshold).cpu().numpy()
+        self.planner.observe(plan, total.cpu().numpy(), success)
 
         step, count, run_id = plan.step, plan.count, self.seed_store.run_id
         pending_rows = []  # per local row: its index in the store's pending queue, -1 if replayed
@@ -384,7 +395,7 @@ class SeedGRPOTrainer(GRPOTrainer):
                 prompt_id=_prompt_key(row),
                 prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
                 completion=completion if isinstance(completion, str) else json.dumps(completion),
-                completion_ids=response,
+                completion_ids=np.asarray(response, np.int32),  # compact from here to the shard
                 logprobs=(),
                 reward=local_total[i],
                 step=step,
@@ -534,7 +545,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         return loss
 
     # ----------------------------------------------------------------------------------------------------------------
-    # The model card
+    # Checkpoints and the model card
+
+    def _save_checkpoint(self, model, trial):
+        # Every save strategy ("steps", "epoch", "best", a Ctrl-C save) passes here right before the checkpoint
+        # folder is written, whenever transformers decided to save: the checkpoint's shard is written first.
+        if self.args.seed_method != "none":
+            self.seed_store.write_snapshot(self.state.global_step)
+        return super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""
