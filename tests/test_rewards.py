@@ -245,7 +245,7 @@ REFERENCES = [
     "def counts(s):\n    import collections\n    return dict(collections.Counter(s))\n",
     "def encode(text):\n    if not isinstance(text, str):\n        raise TypeError('text must be str')\n"
     "    return text.encode()\n",
-    "a, b = map(int, input().split())\nprint(a + b)\n",
+    "a, b = map(int, input().split())\nprint(a + b)\nexit()\n",  # exit() as site defines it, common in stdio code
 ]
 BROKEN = [
     "import math\n\ndef volume(r):\n    return math.pi * r ** 3\n",

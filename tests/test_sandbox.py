@@ -219,6 +219,13 @@ def test_verdict_attacks_score_zero(program):
     assert _run(program)[0] == 0.0
 
 
+def test_program_cannot_shadow_the_builtins_the_tests_call():
+    program = "def all(values):\n    return True\n\ndef abs(value):\n    return 0\n\n" + WRONG_ADD
+    tests = "assert all(add(a, b) == a + b for a, b in [(1, 2), (2, 2)])\nassert abs(add(0.1, 0.2) - 0.3) < 1e-9"
+    assert _run(program, tests)[0] == 0.0
+    assert _run(CORRECT_ADD, tests)[0] == 1.0
+
+
 def test_objects_the_program_built_fail_clearly():
     result = _evidence(
         "class Yes:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Yes()\n"

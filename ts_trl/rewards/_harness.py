@@ -18,12 +18,10 @@
 # the program still decides what its functions return, and a test that needs an object the program built (a class
 # instance, a generator) fails with a clear error instead of trusting it.
 
-import base64
 import builtins
 import ctypes
 import json
 import os
-import platform
 import resource
 import struct
 import sys
@@ -87,7 +85,7 @@ def _build_root(root, expose, uid, tmp_mb):
     _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_mb}m{owner}")
     os.chdir(root)
     # pivot_root(".", "."): the old root ends up stacked under the new one and is detached right away.
-    _check(_libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
+    _check(_libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
     os.chdir("/")
     _mount(None, "/", flags=MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -110,7 +108,7 @@ def encode(value, depth=0):
     if kind is dict:
         return {"dict": [[encode(key, depth + 1), encode(item, depth + 1)] for key, item in value.items()]}
     if kind is bytes:
-        return {"bytes": base64.b64encode(value).decode()}
+        return {"bytes": value.hex()}
     raise TypeError(f"a {kind.__name__} cannot cross the sandbox boundary: only plain data (None, bool, int, float, "
                     "str, bytes, list, tuple, set, frozenset, dict) is passed between the tests and the program")  # fmt: skip
 
@@ -132,7 +130,7 @@ def decode(value, depth=0):
     if tag == "dict" and type(body) is list and all(type(pair) is list and len(pair) == 2 for pair in body):
         return {decode(key, depth + 1): decode(item, depth + 1) for key, item in body}
     if tag == "bytes" and type(body) is str:
-        return base64.b64decode(body, validate=True)
+        return bytes.fromhex(body)
     raise ValueError("malformed value from the program's process")
 
 
@@ -266,13 +264,16 @@ class Remote:
 
 def _program_names(requests, replies):
     """The judge's view of the program's top-level names: proxies for functions, copies of plain data, the judge's
-    own import of a stdlib module the program imported, and `Unavailable` for the rest."""
+    own import of a stdlib module the program imported, and `Unavailable` for the rest. Names of builtins are left
+    out, so the tests' `all`, `abs` or `sorted` stay the judge's own."""
     try:
         exported = _receive(replies)
         if type(exported) is not dict:
             raise ValueError("the program ended before its definitions could be read")
         namespace = {}
         for name, (kind, detail) in exported.items():
+            if type(name) is not str or name.startswith("__") or hasattr(builtins, name):
+                continue  # a program's `all` or `abs` must not replace the one the tests call
             if kind == "callable":
                 namespace[name] = Remote(name, requests, replies)
             elif kind == "value":
@@ -369,8 +370,16 @@ def _guard(config, program, units_fd, verdict_fd):
     os._exit(0)
 
 
+def _quit(code=None):
+    raise SystemExit(code)
+
+
 def main():
     config = json.loads(sys.argv[1])
+    # Started with -S, which skips site's imports (a third of a run's start-up): site-packages are added without
+    # running their .pth hooks, and exit()/quit() are defined as site would.
+    sys.path.extend(config["site_packages"])
+    builtins.exit = builtins.quit = _quit
     workdir = config["workdir"]
     with open(os.path.join(workdir, "program.py"), encoding="utf-8") as file:
         program = file.read()

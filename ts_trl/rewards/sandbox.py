@@ -22,6 +22,7 @@ import queue
 import selectors
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,12 @@ def _scrubbed_env(workdir: str) -> dict[str, str]:
     # Nothing from the host environment: no tokens, no HF_*, no proxies; -I already ignores PYTHON* variables.
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir,
             "TMPDIR": workdir}  # fmt: skip
+
+
+@functools.cache
+def _site_packages() -> list[str]:
+    """This interpreter's site-packages folders, which the harness (started with -S) puts on its path itself."""
+    return [path for path in site.getsitepackages() if os.path.isdir(path)]
 
 
 @functools.cache
@@ -197,13 +204,14 @@ def run_in_sandbox(
             "workdir": workdir,
             "root": root,
             "expose": _exposed_paths(),
+            "site_packages": _site_packages(),
             "units_fd": units_fd,
             "verdict_fd": verdict_fd,
             "uid": uid,
             "pid_namespace": bool(isolation.prefix),
             "limits": {**asdict(limits), "cpu_s": max(1, int(limits.timeout + 0.999))},
         }
-        command = [*isolation.prefix, sys.executable, "-I", "-B", HARNESS, json.dumps(config)]
+        command = [*isolation.prefix, sys.executable, "-I", "-S", "-B", HARNESS, json.dumps(config)]
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
