@@ -1,4 +1,4 @@
-"""Sandbox harness, run by `sandbox.py` as `python -I -B _harness.py CONFIG` inside its namespaces; stdlib only."""
+"""Sandbox harness, run by `sandbox.py` as `python -I -S -B _harness.py CONFIG` inside its namespaces; stdlib only."""
 
 # Processes. The *keeper* (root in the namespaces; pid 1 of the pid namespace when there is one) builds the program's
 # filesystem view and pivots into it, then forks the *judge*, which sets the rlimits, drops to the throwaway uid and
