@@ -16,7 +16,7 @@ from ts_trl.rewards import get_code_reward
 from ts_trl.rewards.code import split_test_units
 from ts_trl.rewards.sandbox import Limits, detect_isolation, run_in_sandbox
 
-TIMEOUT = 2.0  # seconds: long enough for a python start on a loaded 2-core machine, short enough for the suite
+TIMEOUT = 4.0  # seconds: long enough for two sandboxes at once on a loaded 2-core machine, short enough for the suite
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(2, 2) == 4"
 CORRECT_ADD = "def add(a, b):\n    return a + b\n"
 

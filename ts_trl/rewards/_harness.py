@@ -58,11 +58,14 @@ def _mount(source, target, fstype=None, flags=0, data=None):
 
 
 def _bind_read_only(source, target):
-    """Binds `source` at `target` read-only; the flags the kernel locked on the original (nosuid, nodev, noexec...)
-    are kept, as a remount inside a user namespace must."""
+    """Binds `source` at `target` read-only, mounts below it included; the flags the kernel locked on the originals
+    (nosuid, nodev, noexec...) are kept, as a remount inside a user namespace must."""
     _mount(source, target, flags=MS_BIND | MS_REC)
-    kept = os.statvfs(target).f_flag & 0x1C0E  # ST_NOSUID|NODEV|NOEXEC|NOATIME|NODIRATIME|RELATIME share MS_ values
-    _mount(None, target, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+    with open("/proc/self/mountinfo", encoding="utf-8") as file:  # field 5: mount point, octal-escaped
+        points = [line.split()[4].encode().decode("unicode_escape") for line in file]
+    for point in [target, *(point for point in points if point.startswith(target + "/"))]:
+        kept = os.statvfs(point).f_flag & 0x1C0E  # ST_NOSUID|NODEV|NOEXEC|NOATIME|NODIRATIME|RELATIME = MS_ values
+        _mount(None, point, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
 def _build_root(root, expose, uid, tmp_mb):
@@ -169,17 +172,21 @@ def _read_exactly(fd, size):
 # ---------------------------------------------------------------- worker: runs the untrusted program
 
 
+def _fail_worker():
+    sys.stdout.flush()  # what it printed before failing, for the logs
+    traceback.print_exc()
+    os._exit(1)
+
+
 def _worker(program, tests_mode, requests, replies):
     namespace = {"__name__": "__candidate__" if tests_mode else "__main__"}
     try:
         exec(compile(program, "program.py", "exec"), namespace)
     except SystemExit as stop:
         if tests_mode or stop.code not in (None, 0):
-            traceback.print_exc()
-            os._exit(1)
+            _fail_worker()
     except BaseException:
-        traceback.print_exc()
-        os._exit(1)
+        _fail_worker()
     if not tests_mode:  # stdin/stdout mode: the caller compares what the program printed
         sys.stdout.flush()
         os._exit(0)
