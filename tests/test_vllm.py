@@ -80,11 +80,12 @@ def _banked_rows(output_dir) -> list[dict]:
     ]
 
 
-def _check_rollouts(trainer, requests, settings):
+def _check_rollouts(trainer, requests, answers, settings):
     """Checks every banked rollout against the engine requests: its spliced prompt was sent with the budget its
     prefix leaves, its continuation is what the engine answered, and each log-prob sits on the token it belongs to.
 
-    `requests` maps a prompt (tuple of ids) to the set of `max_tokens` it was sent with.
+    `requests` maps a prompt (tuple of ids) to the set of `max_tokens` it was sent with, `answers` to the
+    completions the engine returned for it.
     """
     rows = _banked_rows(trainer.args.output_dir)
     by_id = {row["rollout_id"]: row for row in rows}
@@ -96,7 +97,7 @@ def _check_rollouts(trainer, requests, settings):
         assert requests.get(prompt) == {MAX_COMPLETION_LENGTH - k}, (prompt, k, requests.get(prompt))
         assert len(prompt) + MAX_COMPLETION_LENGTH - k <= MAX_MODEL_LEN
         continuation = ids[k:]
-        assert 1 <= len(continuation) <= MAX_COMPLETION_LENGTH - k
+        assert continuation in answers[prompt]  # whole: the budget was asked for, not cut afterwards
         expected = [rule_logprob(p, t) for p, t in enumerate(continuation)]
         np.testing.assert_allclose(logprobs[k:], expected, rtol=1e-6)
         if k:
@@ -137,7 +138,7 @@ def test_server_mode_sends_spliced_prompts_with_their_budgets(settings, vllm_ser
         assert completion["n"] == trainer.num_generations
         for prompt in completion["prompt"]:
             requests.setdefault(tuple(prompt), set()).add(completion["max_tokens"])
-    _check_rollouts(trainer, requests, settings)
+    _check_rollouts(trainer, requests, server.answers, settings)
     # The weight sync ran its handshake once per step, announcing exactly the tensors the broadcast then streamed.
     assert server.paths().count("/init_weight_transfer_engine") == 1
     assert len(server.weight_updates) == len(server.received_weights) == trainer.state.global_step
@@ -158,5 +159,5 @@ def test_colocate_mode_sends_spliced_prompts_with_their_budgets(settings, fake_l
         assert all(type(t) is int for t in request["prompt_token_ids"]), request["prompt_token_ids"]
         assert request["n"] == 1
         requests.setdefault(tuple(request["prompt_token_ids"]), set()).add(request["max_tokens"])
-    _check_rollouts(trainer, requests, settings)
+    _check_rollouts(trainer, requests, llm.answers, settings)
     assert llm.loaded_weights and llm.prefix_cache_resets == trainer.state.global_step

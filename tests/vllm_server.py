@@ -76,6 +76,7 @@ class LocalVLLMServer:
         self.completions: list[dict] = []  # parsed bodies of the /v1/completions requests
         self.weight_updates: list[dict] = []  # `update_info` of each /update_weights: what the client announced
         self.received_weights: list[list[str]] = []  # names streamed by the (fake) broadcast, one list per update
+        self.answers: dict[tuple, list[list[int]]] = {}  # prompt ids -> every completion sent back for it
         self.refused: list[str] = []  # error messages of refused requests
         self.unknown: list[tuple[str, str]] = []  # requests no route matched: the client needs an endpoint we lack
         self._lock = threading.RLock()
@@ -167,6 +168,8 @@ class LocalVLLMServer:
         for prompt in prompts:
             for index in range(n):
                 tokens = sample_completion(prompt, index, max_tokens, self.token_ids, self.eos_token_id)
+                with self._lock:
+                    self.answers.setdefault(tuple(prompt), []).append(tokens)
                 logprobs = [rule_logprob(p, t) for p, t in enumerate(tokens)]
                 names = [f"token_id:{t}" for t in tokens]
                 choices.append(
@@ -256,6 +259,7 @@ class FakeLLM:
         self.init_kwargs = {"model": model, "max_model_len": max_model_len, **kwargs}
         self.max_model_len = max_model_len or self.default_max_model_len
         self.requests: list[dict] = []  # one per prompt: {"prompt_token_ids", "max_tokens", "n"}
+        self.answers: dict[tuple, list[list[int]]] = {}  # prompt ids -> every completion sent back for it
         self.loaded_weights: list[str] = []
         self.prefix_cache_resets = 0
         runner = SimpleNamespace(model=SimpleNamespace(load_weights=self._load_weights))
@@ -284,9 +288,11 @@ class FakeLLM:
                 raise ValueError(error)
             samples = []
             for index in range(param.n):
-                tokens = sample_completion(
-                    [int(t) for t in ids], index, param.max_tokens, self.token_ids, self.eos_token_id
-                )
+                # Each request draws afresh (vLLM samples every request independently), yet reproducibly.
+                draw = len(self.requests) * param.n + index
+                plain_ids = [int(t) for t in ids]
+                tokens = sample_completion(plain_ids, draw, param.max_tokens, self.token_ids, self.eos_token_id)
+                self.answers.setdefault(tuple(plain_ids), []).append(tokens)
                 logprobs = [{t: SimpleNamespace(logprob=rule_logprob(p, t), rank=1)} for p, t in enumerate(tokens)]
                 samples.append(SimpleNamespace(token_ids=tokens, logprobs=logprobs))
             outputs.append(SimpleNamespace(prompt_token_ids=list(ids), outputs=samples))

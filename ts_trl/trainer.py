@@ -38,6 +38,7 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
+from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
@@ -122,6 +123,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             metrics=self._metrics["train"],
         )
         self._plan: GroupPlan | None = None
+        self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         self._captured_logps: list[torch.Tensor] | None = None
         self._last_rewards_per_func: torch.Tensor | None = None
         if args.seed_method != "none":
@@ -198,9 +200,11 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
         if plan is None or not plan.any_seeded:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
+            with self._vllm_request_budgets(plan, [0] * len(prompt_ids)):
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         plan.splices = [
             self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
             for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
@@ -211,7 +215,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         generated = [i for i, replayed in enumerate(plan.replayed) if not replayed]
         if not generated or images is not None or multimodal_fields or not self._backend_takes_any_rows:
             generated = list(range(len(spliced)))
-        with self._generation_budget(plan):
+        prefix_lens = [len(plan.splices[i].prefix_ids) if plan.splices[i] is not None else 0 for i in generated]
+        with self._generation_budget(plan), self._vllm_request_budgets(plan, prefix_lens):
             continuations, logprobs = super()._generate_single_turn(
                 [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
@@ -222,7 +227,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
             if plan.replayed[i]:  # the old rollout whole: every token trained (as action, IS-weighted), none generated
-                response = list(plan.seeds[i].completion_ids[: plan.cuts[i].k])
+                response = [int(t) for t in plan.seeds[i].completion_ids[: plan.cuts[i].k]]
                 mask, k, continuation = [1] * len(response), len(response), []
             elif splice is None:
                 continuation = list(continuation)
@@ -244,8 +249,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
 
         Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
-        generation steps in lockstep) generates the same number of steps. vLLM keeps its own limit; the continuation
-        is truncated to its budget afterwards in every case.
+        generation steps in lockstep) generates the same number of steps. vLLM requests get their budgets from
+        `_vllm_request_budgets`; the continuation is truncated to its budget afterwards in every case.
         """
         budget = int(self.max_completion_length - plan.global_prefix_len.min())
         if self.use_vllm or budget >= self.max_completion_length:
@@ -257,6 +262,39 @@ class SeedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    @contextlib.contextmanager
+    def _vllm_request_budgets(self, plan: GroupPlan | None, prefix_lens: list[int]):
+        """Asks vLLM, per prompt, for exactly the budget its prefix leaves (`max_completion_length - k`), within the
+        engine's `max_model_len`; see `backends.py`. `prefix_lens`: the prefix length of each row this rank sends.
+        """
+        if not self.use_vllm or plan is None or not plan.global_seeded.any():
+            yield
+            return
+        backend, budget = self.vllm_generation, self.max_completion_length
+        # Per global row: the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt).
+        global_prefix_lens = np.where(plan.global_seeded, plan.global_prefix_len, 0)
+        if self.vllm_mode == "colocate":
+            tp = self.vllm_tensor_parallel_size
+            if tp > 1:  # the engine sees the rows of the whole tensor-parallel group, rank after rank
+                size = tp * len(prefix_lens)
+                start = self.accelerator.process_index // tp * size
+                prefix_lens = global_prefix_lens[start : start + size].tolist()
+            max_model_len = backend.llm.llm_engine.model_config.max_model_len
+            wrapped = per_prompt_sampling_params(backend.llm.generate, prefix_lens, budget, max_model_len)
+            with replaced(backend.llm, "generate", wrapped):
+                yield
+        elif self.accelerator.is_main_process:  # server: the main process sends one prompt per group of all ranks
+            if self._vllm_max_model_len is None:
+                info = backend.vllm_client.get_server_info()
+                self._vllm_max_model_len = int(info["model_config"]["max_model_len"])
+            group_prefix_lens = global_prefix_lens[:: self.num_generations].tolist()
+            client = backend.vllm_client
+            wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._vllm_max_model_len)
+            with replaced(client, "generate", wrapped):
+                yield
+        else:
+            yield
 
     @property
     def _backend_takes_any_rows(self) -> bool:
