@@ -75,7 +75,7 @@ class LocalVLLMServer:
         self.requests: list[tuple[str, str, bytes]] = []  # (method, path, raw body) of every request, in order
         self.completions: list[dict] = []  # parsed bodies of the /v1/completions requests
         self.weight_updates: list[dict] = []  # `update_info` of each /update_weights: what the client announced
-        self.received_weights: list[list[str]] = []  # names streamed by the (fake) broadcast, one list per update
+        self.received_weights: list[list[str]] = []  # names streamed by `FakeWeightReceiver`, one list per update
         self.answers: dict[tuple, list[list[int]]] = {}  # prompt ids -> every completion sent back for it
         self.refused: list[str] = []  # error messages of refused requests
         self.unknown: list[tuple[str, str]] = []  # requests no route matched: the client needs an endpoint we lack
@@ -191,20 +191,48 @@ class LocalVLLMServer:
 
 
 class FakeWeightReceiver:
-    """Takes the place of vLLM's NCCL trainer endpoint and packed broadcast: the streamed tensors reach the server
-    object in-process instead of over NCCL."""
+    """Takes the place of vLLM's NCCL trainer endpoint and packed broadcast: it consumes the streamed tensors, as
+    the broadcast would, and records their names in `sink` (the server's `received_weights` when in-process)."""
 
-    def __init__(self, server: LocalVLLMServer):
-        self.server = server
+    def __init__(self, sink: list):
+        self.sink = sink
         self.group = SimpleNamespace(store=None, socket=None)  # what `VLLMClient.close_communicator` clears
 
     def open_endpoint(self, init_info: dict) -> FakeWeightReceiver:
         return self
 
     def broadcast(self, iterator, group, src, post_iter_func):
-        names = [name for name, _ in iterator]
-        with self.server._lock:
-            self.server.received_weights.append(names)
+        self.sink.append([name for name, _ in iterator])
+
+
+def pretend_vllm_is_installed(setattr_, receiver: FakeWeightReceiver | None = None) -> None:
+    """Makes TRL 1.16's vLLM backend run without vLLM: `setattr_(obj, name, value, raising=...)` is pytest's
+    `monkeypatch.setattr` in tests, a plain setter under `accelerate launch`.
+
+    TRL reads `is_vllm_available` where its vLLM modules look it up; in server mode the client's vLLM imports are
+    its NCCL pieces (`get_ip`, the trainer endpoint, the packed broadcast), replaced by `receiver`, and
+    `init_communicator` is handed the device "cuda" so that its CUDA check passes on a CPU run. Colocate mode's `LLM`
+    and `SamplingParams` become `FakeLLM` and `FakeSamplingParams`.
+    """
+    import trl.generation.vllm_client as client
+    import trl.generation.vllm_generation as generation
+
+    setattr_(generation, "is_vllm_available", _available)
+    setattr_(generation, "LLM", FakeLLM, raising=False)
+    setattr_(generation, "SamplingParams", FakeSamplingParams, raising=False)
+    setattr_(client, "is_vllm_available", _available)
+    receiver = receiver or FakeWeightReceiver([])
+    setattr_(client, "get_ip", lambda: "127.0.0.1", raising=False)
+    setattr_(client, "_HAS_STATEFUL_TRAINER_ENGINE", True)
+    setattr_(client, "_HAS_RESET_PREFIX_CACHE_SUCCESS", True)
+    setattr_(client, "open_trainer_endpoint", receiver.open_endpoint, raising=False)
+    setattr_(client, "packed_nccl_broadcast_producer", receiver.broadcast, raising=False)
+    init_communicator = client.VLLMClient.init_communicator
+    setattr_(client.VLLMClient, "init_communicator", lambda self, device=0: init_communicator(self, "cuda"))
+
+
+def _available(*args, **kwargs) -> bool:
+    return True
 
 
 def _make_handler(server: LocalVLLMServer) -> type[BaseHTTPRequestHandler]:
