@@ -179,3 +179,10 @@ def test_colocate_mode_sends_spliced_prompts_with_their_budgets(settings, fake_l
         requests.setdefault(tuple(request["prompt_token_ids"]), set()).add(request["max_tokens"])
     _check_rollouts(trainer.processing_class, trainer.args.output_dir, requests, llm.answers, settings)
     assert llm.loaded_weights and llm.prefix_cache_resets == trainer.state.global_step
+
+
+def test_colocate_mode_refuses_prompts_the_engine_cannot_hold_before_training(fake_llm, make_trainer):
+    with pytest.raises(
+        ValueError, match=r"exceeds the vLLM engine's max_model_len=18\. .*raise vllm_max_model_length"
+    ):
+        make_trainer(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=MAX_MODEL_LEN - 1)

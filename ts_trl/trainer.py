@@ -154,10 +154,16 @@ class SeedGRPOTrainer(GRPOTrainer):
             rendered = self._tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
             lengths += [len(ids) for ids in (rendered if isinstance(rendered, list) else rendered["input_ids"])]
         longest = max(lengths, default=0)
-        if max_positions is not None and longest + self.max_completion_length > max_positions:
+        limit, fix = max_positions, "Shorten or filter the prompts, or lower max_completion_length."
+        if self.use_vllm and self.vllm_mode == "colocate":  # the server's limit is checked at each request
+            engine_len = self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            if limit is None or engine_len < limit:
+                limit, fix = engine_len, f"{fix[:-1]}, or raise vllm_max_model_length."
+        if limit is not None and longest + self.max_completion_length > limit:
+            where = f"model's {limit} positions" if limit == max_positions else f"vLLM engine's max_model_len={limit}"
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
-                f"model's {max_positions} positions. Shorten or filter the prompts, or lower max_completion_length."
+                f"{where}. {fix}"
             )
 
     @property
