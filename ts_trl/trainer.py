@@ -7,9 +7,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response. With `seed_method="replay"`, rows planned as replays are left out of
-  the backend call and filled with a whole stored rollout (planned as a cut at its full length, trained as actions
-  with the same truncated importance ratio, and not banked again).
+  rewards and the loss see the whole response; vLLM is asked, per request, for the budget each prefix leaves
+  (`backends.py`). With `seed_method="replay"`, rows planned as replays are left out of the backend call and filled
+  with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
+  importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
