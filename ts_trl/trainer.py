@@ -7,9 +7,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response. With `seed_method="replay"`, rows planned as replays are left out of
-  the backend call and filled with a whole stored rollout (planned as a cut at its full length, trained as actions
-  with the same truncated importance ratio, and not banked again).
+  rewards and the loss see the whole response; vLLM is asked, per request, for the budget each prefix leaves
+  (`backends.py`). With `seed_method="replay"`, rows planned as replays are left out of the backend call and filled
+  with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
+  importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
@@ -38,6 +39,7 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
+from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
@@ -133,6 +135,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         )
         self.seed_store.checkpoint_state = self.planner.state
         self._plan: GroupPlan | None = None
+        self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         self._captured_logps: list[torch.Tensor] | None = None
         self._loss_inputs: dict | None = None  # the batch `_compute_loss` is working on, for the forward hook
         self._last_rewards_per_func: torch.Tensor | None = None
@@ -164,10 +167,16 @@ class SeedGRPOTrainer(GRPOTrainer):
             rendered = self._tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
             lengths += [len(ids) for ids in (rendered if isinstance(rendered, list) else rendered["input_ids"])]
         longest = max(lengths, default=0)
-        if max_positions is not None and longest + self.max_completion_length > max_positions:
+        limit, fix = max_positions, "Shorten or filter the prompts, or lower max_completion_length."
+        if self.use_vllm and self.vllm_mode == "colocate":  # the server's limit is checked at each request
+            engine_len = self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            if limit is None or engine_len < limit:
+                limit, fix = engine_len, f"{fix[:-1]}, or raise vllm_max_model_length."
+        if limit is not None and longest + self.max_completion_length > limit:
+            where = f"model's {limit} positions" if limit == max_positions else f"vLLM engine's max_model_len={limit}"
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
-                f"model's {max_positions} positions. Shorten or filter the prompts, or lower max_completion_length."
+                f"{where}. {fix}"
             )
 
     @property
@@ -210,9 +219,11 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
         if plan is None or not plan.any_seeded:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
+            with self._vllm_request_budgets(plan, [0] * len(prompt_ids)):
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         plan.splices = [
             self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
             for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
@@ -223,7 +234,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         generated = [i for i, replayed in enumerate(plan.replayed) if not replayed]
         if not generated or images is not None or multimodal_fields or not self._backend_takes_any_rows:
             generated = list(range(len(spliced)))
-        with self._generation_budget(plan):
+        prefix_lens = [len(plan.splices[i].prefix_ids) if plan.splices[i] is not None else 0 for i in generated]
+        with self._generation_budget(plan), self._vllm_request_budgets(plan, prefix_lens):
             continuations, logprobs = super()._generate_single_turn(
                 [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
@@ -234,7 +246,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
             if plan.replayed[i]:  # the old rollout whole: every token trained (as action, IS-weighted), none generated
-                response = list(plan.seeds[i].completion_ids[: plan.cuts[i].k])
+                response = [int(t) for t in plan.seeds[i].completion_ids[: plan.cuts[i].k]]
                 mask, k, continuation = [1] * len(response), len(response), []
             elif splice is None:
                 continuation = list(continuation)
@@ -256,8 +268,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
 
         Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
-        generation steps in lockstep) generates the same number of steps. vLLM keeps its own limit; the continuation
-        is truncated to its budget afterwards in every case.
+        generation steps in lockstep) generates the same number of steps. vLLM requests get their budgets from
+        `_vllm_request_budgets`; the continuation is truncated to its budget afterwards in every case.
         """
         budget = int(self.max_completion_length - plan.global_prefix_len.min())
         if self.use_vllm or budget >= self.max_completion_length:
@@ -269,6 +281,39 @@ class SeedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    @contextlib.contextmanager
+    def _vllm_request_budgets(self, plan: GroupPlan | None, prefix_lens: list[int]):
+        """Asks vLLM, per prompt, for exactly the budget its prefix leaves (`max_completion_length - k`), within the
+        engine's `max_model_len`; see `backends.py`. `prefix_lens`: the prefix length of each row this rank sends.
+        """
+        if not self.use_vllm or plan is None or not plan.global_seeded.any():
+            yield
+            return
+        backend, budget = self.vllm_generation, self.max_completion_length
+        # Per global row: the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt).
+        global_prefix_lens = np.where(plan.global_seeded, plan.global_prefix_len, 0)
+        if self.vllm_mode == "colocate":
+            tp = self.vllm_tensor_parallel_size
+            if tp > 1:  # the engine sees the rows of the whole tensor-parallel group, rank after rank
+                size = tp * len(prefix_lens)
+                start = self.accelerator.process_index // tp * size
+                prefix_lens = global_prefix_lens[start : start + size].tolist()
+            max_model_len = backend.llm.llm_engine.model_config.max_model_len
+            wrapped = per_prompt_sampling_params(backend.llm.generate, prefix_lens, budget, max_model_len)
+            with replaced(backend.llm, "generate", wrapped):
+                yield
+        elif self.accelerator.is_main_process:  # server: the main process sends one prompt per group of all ranks
+            if self._vllm_max_model_len is None:
+                info = backend.vllm_client.get_server_info()
+                self._vllm_max_model_len = int(info["model_config"]["max_model_len"])
+            group_prefix_lens = global_prefix_lens[:: self.num_generations].tolist()
+            client = backend.vllm_client
+            wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._vllm_max_model_len)
+            with replaced(client, "generate", wrapped):
+                yield
+        else:
+            yield
 
     @property
     def _backend_takes_any_rows(self) -> bool:
