@@ -9,12 +9,12 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from huggingface_hub import DatasetCard, ModelCard
+from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
 from tests.hub_server import LocalHub
 from ts_trl.cards import render_dataset_card, render_model_card, template_path
-from ts_trl.hub import SeedHubPusher, download_seed_dataset
+from ts_trl.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
 
 REPO_ID = "org/seeds"
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"
@@ -112,6 +112,8 @@ def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, m
     assert pusher.close(timeout=60) == []
     assert pusher.status() == {"pushed": 3, "pending": 0, "failed_attempts": 0, "failed_pushes": 0, "last_error": None}
     assert shard_files(hub) == [f"data/{shard.name}" for shard in shards]
+    assert hub.lfs_paths(REPO_ID) == set(shard_files(hub))  # the shards took the LFS path, as on the Hub
+    assert all(hub.files(REPO_ID)[f"data/{shard.name}"] == shard.read_bytes() for shard in shards)
     assert hub.commit_titles(REPO_ID)[1:] == [f"Add seed shard {shard.name}" for shard in shards]  # one per submit
     card = DatasetCard(hub.files(REPO_ID)["README.md"].decode())
     assert card.data.configs[0]["data_files"] == [{"split": "train", "path": "data/*.parquet"}]
@@ -120,6 +122,9 @@ def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, m
     local_rows = rows_of([pq.read_table(shard) for shard in shards])
     loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))
     assert sorted(loaded.to_list(), key=lambda row: row["rollout_id"]) == local_rows
+
+    downloaded = hf_hub_download(REPO_ID, f"data/{shards[1].name}", repo_type="dataset")
+    assert open(downloaded, "rb").read() == shards[1].read_bytes()  # bit-identical through LFS and back
 
     folder = download_seed_dataset(REPO_ID)
     assert rows_of([pq.read_table(path) for path in sorted((folder / "data").glob("*.parquet"))]) == local_rows
@@ -195,6 +200,32 @@ def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(
     assert "were not pushed" in caplog.text and str(shard.resolve()) in caplog.text
     with pytest.raises(RuntimeError, match="closed"):
         pusher.submit(shard)
+
+
+def test_a_private_run_creates_a_private_repo_and_refuses_a_public_one(hub, tmp_path):
+    shards = write_run(tmp_path / "run", [1])
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, private=True, **FAST) as pusher:
+        pusher.check_visibility()  # no repo yet: nothing to refuse
+        pusher.submit(shards[0])
+    assert [r.get("visibility") for r in hub.create_requests] == ["private"]  # the flag in the create request
+    assert hub.repos[("dataset", REPO_ID)].private and shard_files(hub) == ["data/step-000001.parquet"]
+
+    hub.add_repo("org/public-seeds", private=False)
+    refused = SeedHubPusher("org/public-seeds", token=FAKE_TOKEN, private=True, **FAST)
+    with pytest.raises(PublicRepoError, match="exists and is public.*hub_seeds_private=False"):
+        refused.check_visibility()
+    # Had the check been skipped at start-up, the worker still uploads nothing into the public repo.
+    refused.submit(shards[0])
+    assert refused.close(timeout=30) == [shards[0].resolve()]
+    assert "exists and is public" in refused.status()["last_error"]
+    assert refused.status()["failed_attempts"] == 1  # refused, not retried
+    assert set(hub.files("org/public-seeds")) == {".gitattributes"}
+    assert not hub.repos[("dataset", "org/public-seeds")].private  # its visibility is left alone
+
+    with SeedHubPusher("org/public-seeds", token=FAKE_TOKEN, private=False, **FAST) as explicit:
+        explicit.check_visibility()  # the explicit override: publishing is what the user asked for
+        explicit.submit(shards[0])
+    assert "data/step-000001.parquet" in hub.files("org/public-seeds")
 
 
 def test_bad_arguments_fail_early():
