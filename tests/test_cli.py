@@ -18,7 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ts_trl.cli import EMBEDDED_DEFAULTS, ConfigError, load_training_data, make_parser, parse_args, resolve_rewards
+from ts_trl.data import load_training_data
+from ts_trl.rewards import get_reward_funcs
+from ts_trl.train import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 from ts_trl.tiny import build_tiny_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,14 +162,14 @@ def test_real_recipes_load_local_data_of_the_same_schema(recipe, rows, expected,
         assert getattr(holders[0], key) == expected_value, key
     assert script_args.reward_funcs == expected["reward_funcs"]
 
-    train, evaluation = load_training_data(script_args, training_args)
+    train, evaluation = load_training_data(script_args, training_args.seed, training_args.eval_strategy != "no")
     column = "answer" if "answer" in expected else "tests"
     assert set(train.column_names) == {"prompt", "prompt_id", column}
     assert expected[column] in train[0][column]
     assert train[0]["prompt"][0] == {"role": "system", "content": values["system_prompt"]}
     assert evaluation is None  # the recipes do not evaluate during training
 
-    rewards = resolve_rewards(script_args.reward_funcs, embedded=False)
+    rewards = get_reward_funcs(script_args.reward_funcs)
     trainer = SeedGRPOTrainer(
         model=str(tiny_dir / "model"), reward_funcs=rewards, args=training_args, train_dataset=train
     )

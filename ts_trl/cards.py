@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import math
 import re
@@ -10,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from huggingface_hub import DatasetCard, DatasetCardData, ModelCard, ModelCardData
+
+from .resources import packaged_file
 
 MODEL_CARD_TEMPLATE = "model_card.md.j2"
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -64,19 +65,13 @@ SEED_COLUMNS = (
 
 def template_path(name: str) -> Path:
     """Path of a card template: the installed package data `ts_trl.model_cards`, else `model_cards/` of the checkout."""
-    try:
-        candidate = importlib.resources.files("ts_trl.model_cards") / name
-        if candidate.is_file():
-            return Path(str(candidate))
-    except (ModuleNotFoundError, TypeError):
-        pass  # not installed with the package-data mapping: running from a source checkout
-    candidate = Path(__file__).resolve().parents[1] / "model_cards" / name
-    if not candidate.is_file():
+    path = packaged_file("model_cards", name)
+    if path is None:
         raise FileNotFoundError(
-            f"Card template {name!r} is neither in the installed package (ts_trl.model_cards) nor at {candidate}. "
-            "Reinstall ts_trl (`pip install .`) so that its model_cards/ templates are included."
+            f"Card template {name!r} is neither in the installed package (ts_trl.model_cards) nor in the checkout's "
+            "model_cards/. Reinstall ts_trl (`pip install .`) so that its model_cards/ templates are included."
         )
-    return candidate
+    return path
 
 
 def render_model_card(
