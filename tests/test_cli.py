@@ -20,8 +20,8 @@ import yaml
 
 from ts_trl.data import load_training_data
 from ts_trl.rewards import get_reward_funcs
-from ts_trl.train import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 from ts_trl.tiny import build_tiny_model, build_tokenizer
+from ts_trl.train import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

@@ -343,3 +343,99 @@ def test_training_does_not_wait_for_a_stalled_failing_hub(hub, make_trainer, tmp
     local = rows_of([pq.read_table(p) for p in sorted((tmp_path / "pushed" / "seeds").glob("step-*.parquet"))])
     loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))
     assert sorted(loaded.to_list(), key=lambda row: row["rollout_id"]) == local  # nothing lost, nothing duplicated
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model repo and the cards, through the trainer
+
+
+def test_a_private_pushed_run_keeps_its_seeds_out_of_the_model_repo(hub, make_trainer, tmp_path):
+    """push_to_hub + push_seeds_to_hub, private: both repos created private; the model repo's tree has no seeds/."""
+    trainer = make_trainer(
+        output_dir=str(tmp_path / "run"), push_to_hub=True, hub_model_id="org/model", hub_private_repo=True,
+        push_seeds_to_hub=True, max_steps=2, save_steps=1,
+    )  # fmt: skip
+    trainer.train()  # hub_strategy="every_save": the Trainer pushes output_dir at each save too
+    trainer.push_to_hub(dataset_name="org/prompts", metrics={"held_out_pass@1_after": 0.5})
+    model_files = hub.files("org/model", repo_type="model")
+    assert "README.md" in model_files and "model.safetensors" in model_files
+    assert not [path for path in model_files if path.startswith("seeds")]  # no shard, manifest or card of the seeds
+    assert (tmp_path / "run" / "seeds" / "step-000002.parquet").is_file()  # still the full local copy
+    assert "model.safetensors" in hub.lfs_paths("org/model", repo_type="model")
+    seed_files = sorted(path for path in hub.files("org/model-seeds") if path.startswith("data/"))
+    assert seed_files == ["data/step-000001.parquet", "data/step-000002.parquet"]
+    created = {r["name"]: r.get("visibility") for r in hub.create_requests}
+    assert created == {"model": "private", "model-seeds": "private"}
+    assert hub.repos[("model", "org/model")].private and hub.repos[("dataset", "org/model-seeds")].private
+
+    card = ModelCard(model_files["README.md"].decode())
+    assert card.data.datasets == ["org/prompts", "org/model-seeds"] and card.data.license == "other"
+    assert "held_out_pass@1_after" in card.text and "[org/model-seeds](" in card.text
+    dataset_card = DatasetCard(hub.files("org/model-seeds")["README.md"].decode())
+    assert dataset_card.data.license == "other" and "[org/model](" in dataset_card.text  # links back to the model
+
+
+def test_a_private_run_refuses_an_existing_public_seed_repo(hub, make_trainer, tmp_path):
+    hub.add_repo("org/model-seeds", private=False)
+    settings = dict(push_to_hub=True, hub_model_id="org/model", hub_private_repo=True, push_seeds_to_hub=True)
+    with pytest.raises(PublicRepoError, match="'org/model-seeds' exists and is public"):
+        make_trainer(output_dir=str(tmp_path / "refused"), **settings)
+    assert set(hub.files("org/model-seeds")) == {".gitattributes"}
+    # The explicit override: the user asks for public seeds of a private model.
+    make_trainer(output_dir=str(tmp_path / "allowed"), hub_seeds_private=False, **settings)
+
+
+@pytest.mark.parametrize("case", ["local", "pushed", "seeds_pushed", "lora"])
+def test_the_model_card_metadata_of_each_kind_of_run(case, hub, tmp_path, tokenizer):
+    """One card writer (`create_model_card`), rendered for each kind of run, with the metadata keys the Hub reads."""
+    from peft import LoraConfig
+
+    from tests.conftest import count_reward, tiny_prompts
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+    from ts_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tokenizer)
+    model.config._name_or_path = "Qwen/Qwen2.5-0.5B"  # as if loaded from the Hub
+    settings = {
+        "local": {},
+        "pushed": {"push_to_hub": True, "hub_model_id": "org/model"},
+        "seeds_pushed": {"push_to_hub": True, "hub_model_id": "org/model", "push_seeds_to_hub": True},
+        "lora": {},
+    }[case]
+    args = SeedGRPOConfig(
+        output_dir=str(tmp_path / "run"), use_cpu=True, report_to=[], per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=8, card_license="apache-2.0", **settings,
+    )  # fmt: skip
+    trainer = SeedGRPOTrainer(
+        model=model, reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(), processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM") if case == "lora" else None,
+    )  # fmt: skip
+    trainer.create_model_card(dataset_name="openai/gsm8k", tags=["my-tag"], metrics={"held_out_pass@1_after": 0.25})
+    card = ModelCard((tmp_path / "run" / "README.md").read_text())
+    data = card.data
+    assert data.base_model == "Qwen/Qwen2.5-0.5B" and data.pipeline_tag == "text-generation"
+    assert data.library_name == ("peft" if case == "lora" else "transformers") and data.license == "apache-2.0"
+    assert set(data.tags) == {"trl", "grpo", "thinking-seeds", "my-tag"}  # the `tags` argument is honoured
+    seeds = ["org/model-seeds"] if case == "seeds_pushed" else []
+    assert data.datasets == ["openai/gsm8k", *seeds]  # the seed dataset only when it is really pushed
+    assert ("org/model-seeds" in card.text) == (case == "seeds_pushed")
+    assert "| `held_out_pass@1_after` | 0.25 |" in card.text
+    repo_ref = "org/model" if settings.get("push_to_hub") else "run"
+    assert f'PreTrainedTokenizerFast.from_pretrained("{repo_ref}")' in card.text  # not AutoTokenizer (see README)
+    assert "AutoTokenizer" not in card.text
+    assert ("AutoPeftModelForCausalLM" in card.text) == (case == "lora")
+
+
+def test_a_batch_no_reward_can_score_does_not_stop_training(make_trainer, tmp_path, caplog):
+    """TRL logs a metric as None when a reward returns None for a whole batch; the checkpoint's card must cope."""
+
+    def unscorable(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = make_trainer(output_dir=str(tmp_path / "run"), reward=unscorable, max_steps=2, save_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert "All reward functions returned None" in caplog.text  # TRL's own warning, as in its test
+    assert trainer.state.global_step == 2 and (tmp_path / "run" / "checkpoint-2").is_dir()
+    assert any(h.get("reward") is None for h in trainer.state.log_history if "reward" in h)
+    assert "thinking-seeds" in (tmp_path / "run" / "README.md").read_text()

@@ -16,14 +16,12 @@ import contextlib
 import logging
 import os
 import shlex
-import signal
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import TrainerCallback
 from trl import ScriptArguments, TrlParser
 
 from .resources import packaged_file
@@ -54,6 +52,7 @@ EMBEDDED_DEFAULTS = {
     "prefix_mode": "state",
     "seed_selection": "uniform",
     "reward_funcs": ["embedded"],
+    "card_license": "apache-2.0",  # the package's own model and task
 }
 
 # Flags whose presence means "not the embedded default".
@@ -91,10 +90,6 @@ class SeedScriptArguments(ScriptArguments):
         reward_funcs (`list[str]`, *optional*):
             Reward functions by registry name (`math`, `format`, `code`, `binary_code`, `embedded`) or dotted path
             (`my_pkg.rewards:my_reward`). Defaults to `embedded` on the built-in task; required otherwise.
-        license (`str`, *optional*):
-            License written in the model and seed-dataset cards (a Hub license id, e.g. `apache-2.0`). Defaults to
-            `apache-2.0` for the embedded default (the package's own model and task) and to `other` (the base
-            model's terms) otherwise.
 
         > Parameters of the embedded default (used when no dataset is given)
 
@@ -124,9 +119,6 @@ class SeedScriptArguments(ScriptArguments):
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={"help": "Reward names (math, format, code, binary_code, embedded) or dotted paths (pkg.mod:func)."},
-    )
-    license: str | None = field(
-        default=None, metadata={"help": "License of the cards (Hub id); apache-2.0 embedded, else 'other'."}
     )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: additions per problem."})
     embedded_train_problems: int = field(default=64, metadata={"help": "Built-in task: training problems."})
@@ -361,59 +353,6 @@ def is_embedded_task(script_args: SeedScriptArguments) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Ctrl-C
-
-
-class SaveOnInterrupt(TrainerCallback):
-    """On Ctrl-C, finishes the current step, saves a checkpoint (and its seed shard) and stops; a second Ctrl-C aborts.
-
-    Must be passed to the trainer's constructor (`callbacks=[...]`), so it runs before the trainer's own
-    `SeedSnapshotCallback`, which writes the shard when `control.should_save` is set in `on_step_end`. Set
-    `accelerator` to the trainer's once it exists: with several processes the flag then goes through
-    `Accelerator.set_trigger`/`check_trigger` at every step end, so that all ranks save the same step.
-    """
-
-    def __init__(self):
-        self.interrupted = False
-        self.accelerator = None
-        self._signalled = False
-        self._previous = None
-
-    def _handle(self, signum, frame):
-        self._signalled = True
-        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-        print(
-            "\nInterrupted: saving a checkpoint and its seed snapshot at the end of this step (Ctrl-C again aborts).",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if os.name == "posix" and hasattr(signal, "SIGINT"):
-            with contextlib.suppress(ValueError):  # not the main thread: leave Ctrl-C alone
-                self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        interrupted = self._signalled
-        if self.accelerator is not None and self.accelerator.num_processes > 1:
-            # Ranks may see the signal at different steps: every rank asks at every step, and saves where one did.
-            if interrupted:
-                self.accelerator.set_trigger()
-            interrupted = self.accelerator.check_trigger()
-        if interrupted:
-            self.interrupted = True
-            control.should_save = True
-            control.should_training_stop = True
-        return control
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self._previous is not None:
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # The run
 
 
@@ -454,6 +393,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     from .data import load_training_data
     from .embedded.report import held_out_pass_at_1, report_run
     from .rewards import check_reward_columns, get_reward_funcs
+    from .snapshots import SaveOnInterrupt
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # TRL 1.16 still calls the transformers 5 names deprecated for v6; the warning repeats at every step.
@@ -482,6 +422,8 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             callbacks=[interrupt],  # before the trainer's SeedSnapshotCallback: a Ctrl-C save writes its shard
         )
         interrupt.accelerator = trainer.accelerator
+        if training_args.resume_from_checkpoint and training_args.seed_method != "none":
+            trainer.seed_store.resume_shards(training_args.resume_from_checkpoint)  # one line, not a traceback
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"
     )
@@ -492,11 +434,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
     trainer.save_model(training_args.output_dir)
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
-    card = {
-        "dataset_name": script_args.dataset_name,
-        "metrics": {k: v for k, v in metrics.items() if v is not None},
-        "license": script_args.license or ("apache-2.0" if embedded else "other"),
-    }
+    card = {"dataset_name": script_args.dataset_name, "metrics": {k: v for k, v in metrics.items() if v is not None}}
     if training_args.push_to_hub:
         trainer.push_to_hub(**card)  # writes the model card through create_model_card, then uploads
     else:

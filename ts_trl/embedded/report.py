@@ -111,7 +111,11 @@ def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) 
         "report": str(output_dir / REPORT_FILE),
     }
     if trainer.accelerator.is_main_process:
-        title = f"Thinking Seeds run interrupted at step {report['steps']}" if interrupted else "Thinking Seeds run finished"
+        title = (
+            f"Thinking Seeds run interrupted at step {report['steps']}"
+            if interrupted
+            else "Thinking Seeds run finished"
+        )
         print(format_report(report, title), flush=True)
         (output_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -74,4 +74,12 @@ def check_reward_columns(dataset, reward_funcs: list[Callable]) -> None:
                 )
 
 
-__all__ = ["REWARDS", "check_reward_columns", "code_reward", "format_reward", "get_code_reward", "get_reward_funcs", "math_reward"]
+__all__ = [
+    "REWARDS",
+    "check_reward_columns",
+    "code_reward",
+    "format_reward",
+    "get_code_reward",
+    "get_reward_funcs",
+    "math_reward",
+]
