@@ -6,7 +6,6 @@ In a wheel they are the package data `ts_trl.model_cards`, `ts_trl.recipes` and 
 
 from __future__ import annotations
 
-import importlib.resources
 from pathlib import Path
 
 KINDS = ("model_cards", "recipes", "accelerate_configs")
@@ -16,14 +15,12 @@ def packaged_folder(kind: str) -> Path | None:
     """The folder of `kind` (one of `KINDS`): installed package data, else the checkout's top-level folder."""
     if kind not in KINDS:
         raise ValueError(f"Unknown kind of packaged file {kind!r}; one of {KINDS}.")
-    try:
-        candidate = Path(str(importlib.resources.files(f"ts_trl.{kind}")))
+    package = Path(__file__).resolve().parent
+    # Installed: site-packages/ts_trl/<kind>/ (a data folder, not an importable package); else the checkout's.
+    for candidate in (package / kind, package.parent / kind):
         if candidate.is_dir():
             return candidate
-    except (ModuleNotFoundError, TypeError):
-        pass  # not installed with the package-data mapping: running from a source checkout
-    candidate = Path(__file__).resolve().parents[1] / kind
-    return candidate if candidate.is_dir() else None
+    return None
 
 
 def packaged_file(kind: str, name: str) -> Path | None:
