@@ -200,6 +200,7 @@ def _run_train_py(monkeypatch, capsys, argv):
         (["--prompt_column", "nope"], "no column 'nope'"),
         (["--answer_column", "solution"], "no column 'solution'"),
         (["--reward_funcs", "no_such_reward"], "Unknown reward 'no_such_reward'"),
+        (["--reward_funcs", "no_such_reward"], "'code', 'embedded', 'format', 'math'"),  # every registered name
         (["--reward_funcs", "tests.conftest.no_such_function"], "Cannot import reward function"),
         (["--model_name_or_path", "./no/such/model"], "no such local folder"),
         (["--model_name_or_path", "ts-trl-tests/not-a-cached-model"], "not in the local Hugging Face cache"),
@@ -223,6 +224,20 @@ def test_unknown_recipe_key_is_one_clear_line(tiny_dir, tmp_path, monkeypatch, c
     recipe.write_text("# Seeding\nseed_fraction: 0.5\nseed_fractoin: 0.3\n")
     line = _run_train_py(monkeypatch, capsys, ["--config", str(recipe), *_data_args(tiny_dir, tmp_path / "run")])
     assert "seed_fractoin" in line
+
+
+def test_quantization_flags_are_refused_for_the_embedded_model(tmp_path, monkeypatch, capsys):
+    line = _run_train_py(monkeypatch, capsys, ["--load_in_4bit", "--output_dir", str(tmp_path / "run")])
+    assert "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path" in line
+
+
+def test_a_dataset_without_an_answer_column_says_so_plainly():
+    from datasets import Dataset
+
+    from ts_trl.data import to_prompt_dataset
+
+    with pytest.raises(ValueError, match=r"The dataset has no answer column \(one of answer, "):
+        to_prompt_dataset(Dataset.from_list([{"question": "1+1="}]))
 
 
 def test_parse_args_raises_config_error_on_unknown_flags():
