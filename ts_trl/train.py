@@ -419,7 +419,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
             quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit/--load_in_8bit
-            callbacks=[interrupt],  # before the trainer's SeedSnapshotCallback: a Ctrl-C save writes its shard
+            callbacks=[interrupt],  # a Ctrl-C save is a checkpoint like any other, with its seed shard
         )
         interrupt.accelerator = trainer.accelerator
         if training_args.resume_from_checkpoint and training_args.seed_method != "none":
