@@ -11,6 +11,7 @@ from ts_trl.cutting import (
     admissible_ratios,
     boundary_token_ids,
     choose_cut,
+    continuation_budget,
     draw_cut,
     max_cut,
     prefix_importance_weights,
@@ -117,3 +118,18 @@ def test_seeds_that_cannot_be_cut_as_asked_are_refused():
     assert rng.bit_generator.state == state  # nothing drawn for a refused seed
     assert admissible_ratios([10, EOS], {EOS}, budget=64, low=0.3, high=0.3) is None  # floor(0.6) = 0
     assert admissible_ratios(list(range(10, 20)), {EOS}, budget=64, low=0.3, high=0.3) == (0.3, 0.3)
+
+
+def test_splice_of_a_banked_seed_holds_plain_ints():
+    splice = SeedCollator()([5, 6], np.array([10, 11, 12], dtype=np.int32), Cut(k=2, ratio=0.5))
+    assert splice.prompt_ids == [5, 6, 10, 11] and splice.prefix_ids == [10, 11]
+    assert all(type(t) is int for t in splice.prompt_ids)
+
+
+def test_continuation_budget_is_what_the_prefix_and_the_context_leave():
+    assert continuation_budget(0, 7, max_completion_length=12) == 12
+    assert continuation_budget(4, 11, max_completion_length=12) == 8  # the prefix's tokens count against the budget
+    assert continuation_budget(4, 11, max_completion_length=12, max_model_len=19) == 8  # 11 + 8 = 19 fits exactly
+    assert continuation_budget(4, 15, max_completion_length=12, max_model_len=19) == 4  # a long prompt: the context
+    with pytest.raises(ValueError, match="max_model_len=19. Raise vllm_max_model_length"):
+        continuation_budget(2, 19, max_completion_length=12, max_model_len=19)

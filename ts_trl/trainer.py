@@ -7,9 +7,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response. With `seed_method="replay"`, rows planned as replays are left out of
-  the backend call and filled with a whole stored rollout (planned as a cut at its full length, trained as actions
-  with the same truncated importance ratio, and not banked again).
+  rewards and the loss see the whole response; vLLM is asked, per request, for the budget each prefix leaves
+  (`backends.py`). With `seed_method="replay"`, rows planned as replays are left out of the backend call and filled
+  with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
+  importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
@@ -38,6 +39,7 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
+from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
@@ -45,6 +47,7 @@ from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .snapshots import (
+    SEEDS_DIR,
     PendingRollout,
     SeedSnapshotCallback,
     SeedStore,
@@ -129,7 +132,10 @@ class SeedGRPOTrainer(GRPOTrainer):
             external_seeds=external_seeds,
             hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
             hub_token=args.hub_token,
+            hub_private=args.hub_private_repo if args.hub_seeds_private is None else args.hub_seeds_private,
             metrics=self._metrics["train"],
+            card_license=args.card_license,
+            trained_model_id=args.hub_model_id if args.push_to_hub else None,
             success_reward=self.reward_func_names[self._success_index],
             success_threshold=args.success_threshold,
             snapshot_steps=args.seed_snapshot_steps,
@@ -137,6 +143,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self.seed_store.checkpoint_state = self.planner.state
         self._plan: GroupPlan | None = None
         self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
+        self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         self._captured_logps: list[torch.Tensor] | None = None
         self._loss_inputs: dict | None = None  # the batch `_compute_loss` is working on, for the forward hook
         self._last_rewards_per_func: torch.Tensor | None = None
@@ -168,10 +175,16 @@ class SeedGRPOTrainer(GRPOTrainer):
             rendered = self._tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
             lengths += [len(ids) for ids in (rendered if isinstance(rendered, list) else rendered["input_ids"])]
         longest = max(lengths, default=0)
-        if max_positions is not None and longest + self.max_completion_length > max_positions:
+        limit, fix = max_positions, "Shorten or filter the prompts, or lower max_completion_length."
+        if self.use_vllm and self.vllm_mode == "colocate":  # the server's limit is checked at each request
+            engine_len = self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            if limit is None or engine_len < limit:
+                limit, fix = engine_len, f"{fix[:-1]}, or raise vllm_max_model_length."
+        if limit is not None and longest + self.max_completion_length > limit:
+            where = f"model's {limit} positions" if limit == max_positions else f"vLLM engine's max_model_len={limit}"
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
-                f"model's {max_positions} positions. Shorten or filter the prompts, or lower max_completion_length."
+                f"{where}. {fix}"
             )
 
     @property
@@ -239,9 +252,11 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
         if plan is None or not plan.any_seeded:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
+            with self._vllm_request_budgets(plan, [0] * len(prompt_ids)):
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         plan.splices = [
             self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
             for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
@@ -252,7 +267,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         generated = [i for i, replayed in enumerate(plan.replayed) if not replayed]
         if not generated or images is not None or multimodal_fields or not self._backend_takes_any_rows:
             generated = list(range(len(spliced)))
-        with self._generation_budget(plan):
+        prefix_lens = [len(plan.splices[i].prefix_ids) if plan.splices[i] is not None else 0 for i in generated]
+        with self._generation_budget(plan), self._vllm_request_budgets(plan, prefix_lens):
             continuations, logprobs = super()._generate_single_turn(
                 [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
@@ -263,7 +279,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
             if plan.replayed[i]:  # the old rollout whole: every token trained (as action, IS-weighted), none generated
-                response = list(plan.seeds[i].completion_ids[: plan.cuts[i].k])
+                response = [int(t) for t in plan.seeds[i].completion_ids[: plan.cuts[i].k]]
                 mask, k, continuation = [1] * len(response), len(response), []
             elif splice is None:
                 continuation = list(continuation)
@@ -285,8 +301,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
 
         Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
-        generation steps in lockstep) generates the same number of steps. vLLM keeps its own limit; the continuation
-        is truncated to its budget afterwards in every case.
+        generation steps in lockstep) generates the same number of steps. vLLM requests get their budgets from
+        `_vllm_request_budgets`; the continuation is truncated to its budget afterwards in every case.
         """
         budget = int(self.max_completion_length - plan.global_prefix_len.min())
         if self.use_vllm or budget >= self.max_completion_length:
@@ -298,6 +314,39 @@ class SeedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    @contextlib.contextmanager
+    def _vllm_request_budgets(self, plan: GroupPlan | None, prefix_lens: list[int]):
+        """Asks vLLM, per prompt, for exactly the budget its prefix leaves (`max_completion_length - k`), within the
+        engine's `max_model_len`; see `backends.py`. `prefix_lens`: the prefix length of each row this rank sends.
+        """
+        if not self.use_vllm or plan is None or not plan.global_seeded.any():
+            yield
+            return
+        backend, budget = self.vllm_generation, self.max_completion_length
+        # Per global row: the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt).
+        global_prefix_lens = np.where(plan.global_seeded, plan.global_prefix_len, 0)
+        if self.vllm_mode == "colocate":
+            tp = self.vllm_tensor_parallel_size
+            if tp > 1:  # the engine sees the rows of the whole tensor-parallel group, rank after rank
+                size = tp * len(prefix_lens)
+                start = self.accelerator.process_index // tp * size
+                prefix_lens = global_prefix_lens[start : start + size].tolist()
+            max_model_len = backend.llm.llm_engine.model_config.max_model_len
+            wrapped = per_prompt_sampling_params(backend.llm.generate, prefix_lens, budget, max_model_len)
+            with replaced(backend.llm, "generate", wrapped):
+                yield
+        elif self.accelerator.is_main_process:  # server: the main process sends one prompt per group of all ranks
+            if self._vllm_max_model_len is None:
+                info = backend.vllm_client.get_server_info()
+                self._vllm_max_model_len = int(info["model_config"]["max_model_len"])
+            group_prefix_lens = global_prefix_lens[:: self.num_generations].tolist()
+            client = backend.vllm_client
+            wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._vllm_max_model_len)
+            with replaced(client, "generate", wrapped):
+                yield
+        else:
+            yield
 
     @property
     def _backend_takes_any_rows(self) -> bool:
@@ -554,28 +603,89 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.seed_store.write_snapshot(self.state.global_step)
         return super()._save_checkpoint(model, trial)
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, metrics=None):
+        """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours).
+
+        The one writer of the model card: at every checkpoint (TRL calls it from `_save_checkpoint`), from
+        `push_to_hub`, and at the end of `ts_trl train` with `metrics` (e.g. held-out pass@1) added to the run means.
+        """
         if not self.is_world_process_zero():
             return
         name_or_path = getattr(self.model.config, "_name_or_path", None)
-        history = self.state.log_history
-        metrics = {}
+        card_metrics = {}
         for key in ("reward", "seeds/seeded_group_share", "seeds/reward_seeded", "seeds/reward_unseeded"):
-            values = [h[key] for h in history if key in h]
+            # TRL logs None for a window where every value was NaN (e.g. a reward that returned None for a whole
+            # batch): such windows have no mean to contribute.
+            values = [h[key] for h in self.state.log_history if isinstance(h.get(key), (int, float))]
+            values = [value for value in values if not np.isnan(value)]
             if values:
-                metrics[f"{key} (mean over training)"] = float(np.mean(values))
+                card_metrics[f"{key} (mean over training)"] = float(np.mean(values))
         card = render_model_card(
-            base_model=name_or_path if name_or_path and not os.path.isdir(name_or_path) else None,
+            base_model=name_or_path or None,
             model_name=model_name or Path(self.args.output_dir).name,
-            hub_model_id=self.args.hub_model_id,
+            hub_model_id=self.args.hub_model_id if self.args.push_to_hub else None,
             dataset_name=dataset_name,
             seed_dataset_id=self.args.hub_seed_dataset_id if self.args.push_seeds_to_hub else None,
             is_peft=hasattr(self.model, "peft_config"),
             seed_config={f.name: getattr(self.args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
-            metrics=metrics,
+            metrics={**card_metrics, **(metrics or {})},
+            license=self.args.card_license,
+            tags=[tags] if isinstance(tags, str) else (tags or []),
+            tokenizer_class=_tokenizer_class_to_load(self._tokenizer),
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # The model repo: the model, its card and tokenizer; the seeds go to their own dataset repo
+
+    def push_to_hub(self, *args, **kwargs):
+        with _seeds_kept_out_of_model_repo():
+            return super().push_to_hub(*args, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        with _seeds_kept_out_of_model_repo():
+            return super()._push_from_checkpoint(checkpoint_folder)
+
+
+def _tokenizer_class_to_load(tokenizer) -> str:
+    """What a card's snippet should load the tokenizer with: `AutoTokenizer`, unless the tokenizer is of the generic
+    fast class (e.g. `ts_trl.tiny`'s), which `AutoTokenizer` would swap for the class registered for the
+    architecture (transformers 5 does so next to a Qwen2 `config.json`, dropping the character tokenizer's spaces)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return "PreTrainedTokenizerFast" if type(tokenizer) is PreTrainedTokenizerFast else "AutoTokenizer"
+
+
+class _ModelRepoApi:
+    """The Trainer's `HfApi`, with `seeds/` added to what `upload_folder` leaves out of the model repo."""
+
+    def __init__(self, api):
+        self._api = api
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+    def upload_folder(self, *args, ignore_patterns=None, **kwargs):
+        patterns = [ignore_patterns] if isinstance(ignore_patterns, str) else list(ignore_patterns or [])
+        return self._api.upload_folder(*args, ignore_patterns=[*patterns, f"{SEEDS_DIR}/*"], **kwargs)
+
+
+@contextlib.contextmanager
+def _seeds_kept_out_of_model_repo():
+    """While the Trainer pushes `output_dir`, its uploads skip `seeds/`: the rollouts (training prompts and the model's
+    outputs) belong in the seed dataset repo, with its own visibility, not in the model repo.
+
+    `Trainer.push_to_hub` and `_push_from_checkpoint` hard-code their ignore patterns and fetch the client through
+    `transformers.trainer.hf_api()`, the one place a pattern can be added; tests/test_hub.py fails if that moves.
+    """
+    import transformers.trainer as hf_trainer
+
+    original = hf_trainer.hf_api
+    hf_trainer.hf_api = lambda: _ModelRepoApi(original())
+    try:
+        yield
+    finally:
+        hf_trainer.hf_api = original
 
 
 def _prompt_key(row: dict) -> str:

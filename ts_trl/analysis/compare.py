@@ -7,7 +7,7 @@ scored by sampled pass@1 on the held-out split with the same sampling seed (comm
 are counted apart from seed-prefix and replayed tokens, which cost no generation.
 
 The learning curve is the training reward of *plain* groups (neither seeded nor replayed: the policy from the prompt),
-so the methods are compared on the same quantity. Run `python -m ts_trl.compare --help`.
+so the methods are compared on the same quantity. Run `ts_trl compare --help`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Budget:
     warmup_steps: int
 
 
-# The embedded default's settings (ts_trl/cli.py): same warm-up (hence the same cache), 8 groups of 8 per step, and
+# The embedded default's settings (ts_trl/train.py): same warm-up (hence the same cache), 8 groups of 8 per step, and
 # 64 training prompts, so each prompt comes back every 8 steps and finds seeds.
 FULL = Budget(160, 64, 256, 8, 8, 40, 4, 20, 600)
 QUICK = Budget(40, 64, 128, 8, 8, 40, 4, 0, 600)
