@@ -57,7 +57,12 @@ def seed_statistics(trainer) -> dict:
         import pyarrow.parquet as pq
 
         shards = json.loads(manifest.read_text())["shards"]
-        rows = [pq.read_table(manifest.parent / s["file"], columns=["seed_origin"]) for s in shards]
+        # One file at a time, on this thread: pyarrow's dataset scanner (`pq.read_table`) leaves pool threads that can
+        # abort the interpreter ("terminate called without an active exception") when the process exits right after.
+        rows = [
+            pq.ParquetFile(manifest.parent / s["file"]).read(columns=["seed_origin"], use_threads=False)
+            for s in shards
+        ]
         origins = [o for table in rows for o in table.column("seed_origin").to_pylist()]
         stats["rollouts"] = len(origins)
         stats["continuations"] = sum(o is not None for o in origins)
@@ -100,7 +105,8 @@ def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) 
     seeds = output_dir / "seeds"
     report = {
         **metrics,
-        "seeds": seed_statistics(trainer),
+        # Main process only: the other ranks exit without touching the seed shards (see seed_statistics).
+        "seeds": seed_statistics(trainer) if trainer.accelerator.is_main_process else {},
         "steps": trainer.state.global_step,
         "minutes": (time.time() - start) / 60,
         "model": str(output_dir),
