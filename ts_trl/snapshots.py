@@ -39,6 +39,7 @@ SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
 CHECKPOINT_POINTER = "seed_snapshot.json"
 MANIFEST_FORMAT = 1
+SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
 REQUIRED_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")
 
 
@@ -67,10 +68,42 @@ def atomic_write_json(path: Path, payload: dict) -> None:
     atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
+def sampling_settings(args, use_vllm: bool) -> dict:
+    """How a run samples, recorded in each shard's metadata: analyses read the log-probs and sample the same way.
+
+    `logprobs` says what the stored log-probs are: vLLM's processed ones (after top-k / top-p) or, with HF
+    `generate`, the training forward's (logits / temperature over the whole vocabulary). `seed` is also the built-in
+    task's train / held-out split.
+    """
+    settings = {
+        "temperature": args.temperature,
+        "top_k": args.top_k or 0,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    settings.update({k: v for k, v in (args.generation_kwargs or {}).items() if k in settings})
+    return {
+        **settings,
+        "max_completion_length": args.max_completion_length,
+        "seed": args.seed,
+        "cut_at_newline": args.cut_at_newline,
+        "logprobs": "sampler" if use_vllm else "policy",
+    }
+
+
 def rollouts_to_table(
-    rollouts: Sequence[Rollout], checkpoint: str, model: str, tokenizer: str, reward_names: Sequence[str]
+    rollouts: Sequence[Rollout],
+    checkpoint: str,
+    model: str,
+    tokenizer: str,
+    reward_names: Sequence[str],
+    sampling: dict | None = None,
 ) -> pa.Table:
-    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects)."""
+    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects).
+
+    `sampling` (see `sampling_settings`) goes into the table's metadata.
+    """
     lengths = np.fromiter((len(r.completion_ids) for r in rollouts), dtype=np.int32, count=len(rollouts))
     offsets = np.zeros(len(rollouts) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -95,7 +128,8 @@ def rollouts_to_table(
         "model": pa.array([model] * len(rollouts), pa.string()),
         "tokenizer": pa.array([tokenizer] * len(rollouts), pa.string()),
     }
-    return pa.table(columns)
+    metadata = {SAMPLING_METADATA_KEY: json.dumps(sampling, sort_keys=True).encode()} if sampling else None
+    return pa.table(columns, metadata=metadata)
 
 
 def write_shard(table: pa.Table, path: Path) -> None:
@@ -273,11 +307,13 @@ class SeedStore:
         hub_dataset_id: str | None = None,
         hub_token: str | None = None,
         metrics: dict | None = None,
+        sampling: dict | None = None,
     ):
         self.output_dir = Path(output_dir)
         self.accelerator = accelerator
         self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
         self.external_seeds = external_seeds
+        self.sampling = sampling  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
         self.bank = SeedBank()
         if external_seeds is not None:
@@ -364,7 +400,7 @@ class SeedStore:
         if self.accelerator.is_main_process and (self.unsnapshotted or not final):
             checkpoint = "final" if final else f"{PREFIX_CHECKPOINT_DIR}-{step}"
             table = rollouts_to_table(
-                self.unsnapshotted, checkpoint, self.model_name, self.tokenizer_fp, self.reward_names
+                self.unsnapshotted, checkpoint, self.model_name, self.tokenizer_fp, self.reward_names, self.sampling
             )
             path = self.seeds_dir / shard_name(step)
             write_shard(table, path)

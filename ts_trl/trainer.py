@@ -50,6 +50,7 @@ from .snapshots import (
     SeedStore,
     load_seed_table,
     local_seed_dataset,
+    sampling_settings,
     tokenizer_fingerprint,
 )
 
@@ -120,6 +121,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
             hub_token=args.hub_token,
             metrics=self._metrics["train"],
+            sampling=sampling_settings(args, self.use_vllm),
         )
         self._plan: GroupPlan | None = None
         self._captured_logps: list[torch.Tensor] | None = None
