@@ -191,12 +191,16 @@ def test_coverage_is_the_prefix_overlap_and_falls_as_the_policy_moves_away(chat_
     assert coverages[1][1] < coverages[1][0]  # deeper prefixes, more accumulated divergence: less coverage
 
 
-def test_positions_warns_about_rollouts_newer_than_the_checkpoint(chat_run, tmp_path, capsys):
-    _positions(chat_run, chat_run / "checkpoint-2", tmp_path / "out")
+def test_positions_warns_about_rollouts_newer_than_the_checkpoint_and_reports_by_age(chat_run, tmp_path, capsys):
+    _, by_age = _positions(chat_run, chat_run / "checkpoint-2", tmp_path / "out")
     err = capsys.readouterr().err
     scored = [r for r in _rows(chat_run) if len(r["completion_ids"]) - (r["prefix_len"] or 0) >= 2]  # --min-length
     newer = sum(r["step"] > 2 for r in scored)
     assert newer and f"warning: {newer} of {len(scored)} rollouts" in err and "newer than" in err
+    ages = sorted({2 - r["step"] for r in scored})
+    assert [a["age"] for a in by_age] == ages == [-1, 0, 1, 2]
+    assert [a["rollouts"] for a in by_age] == [sum(2 - r["step"] == age for r in scored) for age in ages]
+    assert by_age[1]["kl_k3"] < 1e-6  # age 0: checkpoint-2's own rollouts
 
 
 def test_positions_without_recorded_sampling_asks_for_the_temperature(chat_run, tmp_path, capsys):
@@ -306,3 +310,40 @@ def test_paired_bootstrap_resamples_prompts_not_samples():
     assert mean == 0.5 and low == 0.0 and high == 1.0
     assert paired_bootstrap([[0.25, 0.25], [0.25]]) == (0.25, 0.25, 0.25)
     assert all(math.isnan(x) for x in paired_bootstrap([[], []]))
+
+
+def test_scoring_truncates_like_the_sampler_only_when_the_sampler_wrote_the_log_probs(tokenizer, tiny_model):
+    from ts_trl.analysis.common import Sampling, token_logprobs
+
+    context, completion = tokenizer("Q: 1+2\nA:")["input_ids"], tokenizer(" 3")["input_ids"]
+    with torch.no_grad():
+        logits = tiny_model(torch.tensor([context + completion])).logits[0, len(context) - 1 : -1] / 0.5
+    picked = torch.arange(len(completion)), torch.tensor(completion)
+    policy = Sampling(temperature=0.5, top_k=5, logprobs="policy")  # HF generate: full softmax of logits / T
+    expected = torch.log_softmax(logits, -1)[picked].tolist()
+    assert token_logprobs(tiny_model, [context], [completion], sampling=policy)[0] == pytest.approx(expected, abs=1e-5)
+    sampler = Sampling(temperature=0.5, top_k=5, logprobs="sampler")  # vLLM: renormalised over the top 5
+    kept = logits.masked_fill(logits < logits.topk(5, -1).values[:, -1:], -math.inf)
+    expected = torch.log_softmax(kept, -1)[picked].tolist()
+    assert token_logprobs(tiny_model, [context], [completion], sampling=sampler)[0] == pytest.approx(
+        expected, abs=1e-5
+    )
+
+
+def test_chat_prompts_without_a_chat_template_fail_in_one_line(tokenizer):
+    from ts_trl.analysis.common import InputError, prompt_token_ids
+
+    assert prompt_token_ids(tokenizer, '[{"role": "user", "content": "1+2"}]') == tokenizer("Q: 1+2\nA:")["input_ids"]
+    tokenizer.chat_template = None
+    with pytest.raises(InputError, match="chat template"):
+        prompt_token_ids(tokenizer, [{"role": "user", "content": "1+2"}])
+
+
+def test_relay_cuts_snap_to_line_ends_as_the_trainer_cuts(tokenizer):
+    from ts_trl.analysis.relay import relay_cut
+    from ts_trl.cutting import boundary_token_ids
+
+    text = tokenizer("1+2=3\n3+4=7\n#### 7")["input_ids"]  # line ends after positions 5 and 11
+    boundaries = boundary_token_ids(tokenizer)
+    assert [relay_cut(text, r, None) for r in (0, 0.3, 0.5)] == [0, 5, 9]
+    assert [relay_cut(text, r, boundaries) for r in (0, 0.3, 0.5, 0.7)] == [0, 6, 6, 12]
