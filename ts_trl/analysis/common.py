@@ -337,7 +337,8 @@ def prefix_overlap(logp_current, logp_behaviour):
     import numpy as np
 
     log_ratio = np.asarray(logp_current, dtype=np.float64) - np.asarray(logp_behaviour, dtype=np.float64)
-    log_ratio = log_ratio[np.isfinite(log_ratio)]
+    # NaN: q unknown, left out. -inf: p cannot produce the prefix at all (top-k cut it off), which counts as 0.
+    log_ratio = log_ratio[~np.isnan(log_ratio)]
     if log_ratio.size == 0:
         return math.nan
     return float(np.mean(np.exp(np.minimum(log_ratio, 0.0))))

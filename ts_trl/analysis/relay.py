@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model_b, tokenizer_b = load_checkpoint(args.checkpoint_b, "checkpoint B")
     if tokenizer_fingerprint(tokenizer) != tokenizer_fingerprint(tokenizer_b):
         raise InputError("checkpoints A and B use tokenizers of different vocabularies; a relay needs the same one.")
-    shards = run_seed_shards(args.checkpoint_b) or run_seed_shards(args.checkpoint_a)
-    recorded = read_sampling(shards)
+    shards_a, shards_b = run_seed_shards(args.checkpoint_a), run_seed_shards(args.checkpoint_b)
+    recorded = read_sampling(shards_b or shards_a)  # B's run, where A and B come from different runs
     sampling = relay_sampling(recorded, args)
     task_seed = args.task_seed if args.task_seed is not None else (recorded.seed if recorded else None)
     if task_seed is None and (args.prompts == "embedded" or args.prompts.startswith("embedded:")):
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "records; pass --task-seed with that seed."
         )
     rows = load_prompts(args.prompts, args.num_prompts, task_seed or 0)
-    warn_training_overlap(rows, shards)
+    warn_training_overlap(rows, list(dict.fromkeys(shards_a + shards_b)))
     out = output_dir(args.output_dir)
 
     samples = relay_samples(model_a, model_b, tokenizer, rows, ratios, args, sampling, rewards, success)
@@ -272,10 +272,11 @@ def score(records: list[dict], rows: list[dict], rewards, success: int, threshol
         [{"role": "assistant", "content": r["response"]}] if isinstance(p, list) else r["response"]
         for r, p in zip(records, prompts)
     ]
-    columns = {k for row in rows for k in row} - {"prompt", "completion"}
+    completion_ids = [[int(t) for t in r["response_ids"].split()] for r in records]
+    columns = {k for row in rows for k in row} - {"prompt", "completion", "completion_ids"}
     extra = {k: [by_id[r["prompt_id"]].get(k) for r in records] for k in sorted(columns)}
     for index, (spec, function) in enumerate(rewards):
-        scores = function(completions=completions, prompts=prompts, **extra)
+        scores = function(completions=completions, prompts=prompts, completion_ids=completion_ids, **extra)
         name = getattr(function, "__name__", spec)
         for record, value in zip(records, scores):
             value = math.nan if value is None else float(value)  # None: cannot score this sample (not a pass)
