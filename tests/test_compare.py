@@ -375,7 +375,7 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
     buckets = 3
     status = main(
         ["positions", "--seeds", str(tmp_path / "one"), "--checkpoint", str(seed_run / "checkpoint-4"),
-         "--buckets", str(buckets), "--threshold", "-4.5", "--output-dir", str(tmp_path / "out")]
+         "--buckets", str(buckets), "--output-dir", str(tmp_path / "out")]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert status == 0 and (tmp_path / "out" / "positions.png").stat().st_size > 10_000
@@ -399,7 +399,7 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
             "kl_k3": k3[positions].mean(),
             "cum_kl_k3": k3[:end].sum(),
             "cum_log_ratio": d[:end].sum(),
-            "coverage": float(current[:end].mean() >= -4.5),
+            "coverage": min(1.0, np.exp(d[:end].sum())),  # E_q[min(1, p/q)] over one prefix
         }
         for key, value in expected.items():
             assert float(written[b][key]) == pytest.approx(value, abs=1e-4), (b, key)

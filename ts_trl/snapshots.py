@@ -42,6 +42,7 @@ SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
 CHECKPOINT_POINTER = "seed_snapshot.json"
 MANIFEST_FORMAT = 1
+SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
 REQUIRED_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")
 
 
@@ -70,10 +71,42 @@ def atomic_write_json(path: Path, payload: dict) -> None:
     atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
+def sampling_settings(args, use_vllm: bool) -> dict:
+    """How a run samples, recorded in each shard's metadata: analyses read the log-probs and sample the same way.
+
+    `logprobs` says what the stored log-probs are: vLLM's processed ones (after top-k / top-p) or, with HF
+    `generate`, the training forward's (logits / temperature over the whole vocabulary). `seed` is also the built-in
+    task's train / held-out split.
+    """
+    settings = {
+        "temperature": args.temperature,
+        "top_k": args.top_k or 0,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    settings.update({k: v for k, v in (args.generation_kwargs or {}).items() if k in settings})
+    return {
+        **settings,
+        "max_completion_length": args.max_completion_length,
+        "seed": args.seed,
+        "cut_at_newline": args.cut_at_newline,
+        "logprobs": "sampler" if use_vllm else "policy",
+    }
+
+
 def rollouts_to_table(
-    rollouts: Sequence[Rollout], checkpoint: str, model: str, tokenizer: str, reward_names: Sequence[str]
+    rollouts: Sequence[Rollout],
+    checkpoint: str,
+    model: str,
+    tokenizer: str,
+    reward_names: Sequence[str],
+    sampling: dict | None = None,
 ) -> pa.Table:
-    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects)."""
+    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects).
+
+    `sampling` (see `sampling_settings`) goes into the table's metadata.
+    """
     lengths = np.fromiter((len(r.completion_ids) for r in rollouts), dtype=np.int32, count=len(rollouts))
     offsets = np.zeros(len(rollouts) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -98,7 +131,14 @@ def rollouts_to_table(
         "model": pa.array([model] * len(rollouts), pa.string()),
         "tokenizer": pa.array([tokenizer] * len(rollouts), pa.string()),
     }
-    return pa.table(columns)
+    return with_sampling_metadata(pa.table(columns), sampling)
+
+
+def with_sampling_metadata(table: pa.Table, sampling: dict | None) -> pa.Table:
+    """`table` carrying `sampling` (see `sampling_settings`) in its Parquet metadata; unchanged when None."""
+    if not sampling:
+        return table
+    return table.replace_schema_metadata({SAMPLING_METADATA_KEY: json.dumps(sampling, sort_keys=True).encode()})
 
 
 def write_shard(table: pa.Table, path: Path) -> None:
@@ -285,11 +325,13 @@ class SeedStore:
         success_reward: str | None = None,
         success_threshold: float = 0.0,
         snapshot_steps: int | None = None,
+        sampling: dict | None = None,
     ):
         self.output_dir = Path(output_dir)
         self.accelerator = accelerator
         self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
         self.external_seeds = external_seeds
+        self.sampling = sampling  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
         self.card_license, self.trained_model_id = card_license, trained_model_id
         self.hub_dataset_id = hub_dataset_id
@@ -427,6 +469,7 @@ class SeedStore:
             table = pa.concat_tables(tables)
             column = table.schema.get_field_index("checkpoint")
             table = table.set_column(column, "checkpoint", pa.array([checkpoint] * table.num_rows, pa.string()))
+            table = with_sampling_metadata(table, self.sampling)
             path = self.seeds_dir / shard_name(step)
             write_shard(table, path)
             self.manifest.record(path.name, step, table.num_rows)

@@ -53,6 +53,7 @@ from .snapshots import (
     SeedStore,
     load_seed_table,
     local_seed_dataset,
+    sampling_settings,
     tokenizer_fingerprint,
 )
 
@@ -139,6 +140,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             success_reward=self.reward_func_names[self._success_index],
             success_threshold=args.success_threshold,
             snapshot_steps=args.seed_snapshot_steps,
+            sampling=sampling_settings(args, self.use_vllm),
         )
         self.seed_store.checkpoint_state = self.planner.state
         self._plan: GroupPlan | None = None

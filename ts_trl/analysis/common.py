@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-
-DEFAULT_REWARD = "ts_trl.embedded.task:embedded_reward"
 
 
 class InputError(ValueError):
@@ -71,15 +69,6 @@ def check_ratios(ratios: Sequence[float]) -> list[float]:
     return sorted(set(ratios))
 
 
-def load_reward(spec: str) -> Callable:
-    """A reward function given as `module:function` (TRL's signature: completions plus dataset columns)."""
-    module_name, _, name = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as error:
-        raise InputError(f"reward {spec!r} cannot be imported ({error}); give it as module:function.") from error
-
-
 def load_prompts(source: str, limit: int | None = None, seed: int = 0) -> list[dict]:
     """Rows with `prompt` and `answer` from a .jsonl or .parquet file, or `embedded` (the built-in task's held-out set).
 
@@ -115,16 +104,98 @@ def load_prompts(source: str, limit: int | None = None, seed: int = 0) -> list[d
     return rows
 
 
-def prompt_token_ids(tokenizer, prompt) -> list[int]:
-    """The token ids a GRPO run fed the model for `prompt`: the text as is, or chat messages with the template."""
+def as_chat(prompt):
+    """`prompt` as chat messages when it is some (the seed dataset stores them as JSON text), else unchanged."""
     if isinstance(prompt, str) and prompt.startswith("[{"):
         try:
-            prompt = json.loads(prompt)  # the seed dataset stores chat prompts as JSON
+            return json.loads(prompt)
         except json.JSONDecodeError:
             pass
+    return prompt
+
+
+def prompt_token_ids(tokenizer, prompt) -> list[int]:
+    """The token ids a GRPO run fed the model for `prompt`: the text as is, or chat messages with the template.
+
+    Chat messages are rendered as TRL does (generation prompt added, `return_dict=True`): transformers 5 returns a
+    dict from `apply_chat_template(tokenize=True)`, whose keys would otherwise be taken for token ids.
+    """
+    prompt = as_chat(prompt)
     if isinstance(prompt, list):
-        return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        try:
+            encoded = tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+        except ValueError as error:  # no chat template, or messages it cannot render
+            reason = " ".join(str(error).split())[:200]
+            raise InputError(f"chat prompts need the tokenizer's chat template, which failed: {reason}") from error
+        return list(encoded["input_ids"])
     return tokenizer(prompt)["input_ids"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a run sampled its rollouts, as its seed shards record it; what their behaviour log-probs mean.
+
+    `logprobs` says where the banked log-probs come from: `"policy"`, TRL's training forward (logits divided by the
+    temperature, softmax over the whole vocabulary, as HF `generate` runs store them); `"sampler"`, the generation
+    backend's processed log-probs (vLLM), taken after top-k / top-p / min-p truncation.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    max_completion_length: int | None = None
+    seed: int | None = None
+    cut_at_newline: bool = False
+    logprobs: str = "policy"
+
+    @property
+    def truncates(self) -> bool:
+        return bool(self.top_k) or self.top_p < 1.0 or bool(self.min_p)
+
+    def describe(self) -> str:
+        parts = [f"temperature {self.temperature:g}"]
+        parts += [f"top_k {self.top_k}"] if self.top_k else []
+        parts += [f"top_p {self.top_p:g}"] if self.top_p < 1.0 else []
+        parts += [f"min_p {self.min_p:g}"] if self.min_p else []
+        return ", ".join(parts)
+
+
+def read_sampling(shards: Sequence[str | os.PathLike]) -> Sampling | None:
+    """The sampling settings recorded in seed shards (None when none records them); shards must agree."""
+    import pyarrow.parquet as pq
+
+    from ..snapshots import SAMPLING_METADATA_KEY
+
+    found = {}
+    for shard in shards:
+        metadata = pq.read_schema(shard).metadata or {}
+        if SAMPLING_METADATA_KEY in metadata:
+            recorded = json.loads(metadata[SAMPLING_METADATA_KEY])
+            known = {f.name for f in fields(Sampling)}
+            found[Path(shard).name] = Sampling(**{k: v for k, v in recorded.items() if k in known})
+    settings = set(found.values())
+    if len(settings) > 1:
+        raise InputError(
+            f"the seed shards were sampled with different settings ({'; '.join(sorted(s.describe() for s in settings))}"
+            "); analyse one run's shards at a time."
+        )
+    return settings.pop() if settings else None
+
+
+def run_seed_shards(checkpoint: str | os.PathLike) -> list[Path]:
+    """The seed shards of the run a checkpoint belongs to (`<run>/seeds/`, beside `<run>/checkpoint-N`); [] if none."""
+    from ..snapshots import SEEDS_DIR, SeedManifest
+
+    folder = Path(checkpoint).expanduser()
+    for seeds_dir in (folder / SEEDS_DIR, folder.parent / SEEDS_DIR):
+        manifest = SeedManifest.load(seeds_dir)
+        if manifest is not None:
+            return [p for p in manifest.paths() if p.exists()]
+    return []
 
 
 def sample_continuations(
@@ -134,12 +205,13 @@ def sample_continuations(
     budgets: Sequence[int],
     seed: int,
     batch_size: int = 64,
-    temperature: float = 1.0,
+    sampling: Sampling = Sampling(),
     desc: str = "sampling",
 ) -> list[list[int]]:
     """Samples one continuation per context (token ids), each cut at its budget and after its first EOS.
 
-    Sampling is plain (no top-k, no top-p) at `temperature`, as GRPO samples, and deterministic given `seed`.
+    Sampling follows `sampling` (temperature, top-k, top-p, min-p, repetition penalty) as the run's generation did,
+    and is deterministic given `seed`; a temperature of 0 is greedy.
     """
     import torch
     from tqdm.auto import tqdm
@@ -164,10 +236,12 @@ def sample_continuations(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 max_new_tokens=max(budgets[i] for i in batch),
-                do_sample=temperature > 0,
-                temperature=temperature if temperature > 0 else None,
-                top_k=0,
-                top_p=1.0,
+                do_sample=sampling.temperature > 0,
+                temperature=sampling.temperature if sampling.temperature > 0 else None,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
                 pad_token_id=pad,
                 eos_token_id=eos,
             )
@@ -179,11 +253,24 @@ def sample_continuations(
     return results
 
 
-def token_logprobs(model, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], batch_size=32):
-    """Per-token log-probs of each completion after its context under `model` (one list per completion)."""
+def token_logprobs(
+    model,
+    contexts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    batch_size: int = 32,
+    sampling: Sampling = Sampling(),
+):
+    """Per-token log-probs of each completion after its context under `model` (one list per completion).
+
+    They are computed the way the run's behaviour log-probs were (`sampling.logprobs`): from the logits divided by
+    the temperature, and, where the sampler's own log-probs were stored, after its top-k / top-p / min-p truncation.
+    Scoring a T != 1 run at temperature 1 would show a divergence where there is none.
+    """
     import torch
     from tqdm.auto import tqdm
 
+    warpers = _truncation(sampling) if sampling.logprobs == "sampler" and sampling.truncates else None
+    temperature = sampling.temperature if sampling.temperature > 0 else 1.0
     results = []
     with torch.no_grad():
         for start in tqdm(range(0, len(contexts), batch_size), desc="scoring", leave=False):
@@ -194,11 +281,29 @@ def token_logprobs(model, contexts: Sequence[Sequence[int]], completions: Sequen
             for row, (a, b) in enumerate(zip(ctx, comp)):  # right padding: positions stay those of a lone sequence
                 input_ids[row, : len(a) + len(b)] = torch.tensor(list(a) + list(b))
                 attention_mask[row, : len(a) + len(b)] = 1
-            logps = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention_mask).logits.float(), -1)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float() / temperature
             for row, (a, b) in enumerate(zip(ctx, comp)):
                 positions = torch.arange(len(a) - 1, len(a) + len(b) - 1)
-                results.append(logps[row, positions, torch.tensor(list(b), dtype=torch.long)].tolist())
+                scores = logits[row, positions]
+                if warpers is not None:
+                    scores = warpers(input_ids[row : row + 1].expand(len(positions), -1), scores)
+                logps = torch.log_softmax(scores, -1)
+                results.append(logps[torch.arange(len(b)), torch.tensor(list(b), dtype=torch.long)].tolist())
     return results
+
+
+def _truncation(sampling: Sampling):
+    """transformers' own top-k / top-p / min-p warpers, so that scoring truncates exactly as `generate` samples."""
+    from transformers import LogitsProcessorList, MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if sampling.top_k:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    if sampling.min_p:
+        warpers.append(MinPLogitsWarper(sampling.min_p))
+    return warpers
 
 
 def wilson_interval(passes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -232,7 +337,30 @@ def prefix_overlap(logp_current, logp_behaviour):
     import numpy as np
 
     log_ratio = np.asarray(logp_current, dtype=np.float64) - np.asarray(logp_behaviour, dtype=np.float64)
-    log_ratio = log_ratio[np.isfinite(log_ratio)]
+    # NaN: q unknown, left out. -inf: p cannot produce the prefix at all (top-k cut it off), which counts as 0.
+    log_ratio = log_ratio[~np.isnan(log_ratio)]
     if log_ratio.size == 0:
         return math.nan
     return float(np.mean(np.exp(np.minimum(log_ratio, 0.0))))
+
+
+def paired_bootstrap(
+    differences: Sequence[Sequence[float]], resamples: int = 4000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """Mean of paired differences with a percentile bootstrap interval that resamples clusters (e.g. prompts).
+
+    `differences` holds one list per cluster: the samples of one prompt share its difficulty, so they are resampled
+    together rather than treated as independent. Returns (mean, low, high); NaNs when there is no pair.
+    """
+    import numpy as np
+
+    clusters = [np.asarray(d, dtype=np.float64) for d in differences if len(d)]
+    if not clusters:
+        return math.nan, math.nan, math.nan
+    sums = np.array([d.sum() for d in clusters])
+    counts = np.array([len(d) for d in clusters], dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(clusters), size=(resamples, len(clusters)))
+    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(sums.sum() / counts.sum()), float(low), float(high)
