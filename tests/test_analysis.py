@@ -16,7 +16,7 @@ import torch
 import tests.conftest as c
 from tests.conftest import TINY_SETTINGS
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.commands import main
+from ts_trl.__main__ import main
 from ts_trl.embedded.task import EmbeddedTask, Problem
 
 TEMPERATURE = 0.7
