@@ -17,6 +17,7 @@ from ts_trl.cli import (
     fail_clearly,
     held_out_pass_at_1,
     is_embedded_task,
+    learning_curve,
     load_model,
     load_training_data,
     make_parser,
@@ -48,7 +49,9 @@ def main():
             eval_dataset=None if embedded else eval_dataset,  # the built-in held-out set is scored below instead
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
-            callbacks=[SaveOnInterrupt()],  # before the trainer's SeedSnapshotCallback: a Ctrl-C save writes its shard
+            # SaveOnInterrupt before the trainer's SeedSnapshotCallback: a Ctrl-C save writes its shard.
+            callbacks=[SaveOnInterrupt()]
+            + ([learning_curve(script_args, training_args, eval_dataset)] if embedded else []),
         )
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"

@@ -40,9 +40,7 @@ def main():
     from ts_trl.embedded import EmbeddedTask, build_warm_model, embedded_reward, sample_rewards
     from ts_trl.trainer import SeedGRPOTrainer
 
-    task = EmbeddedTask(
-        difficulty=a.difficulty, min_difficulty=a.min_difficulty, max_operand=a.max_operand, seed=0
-    )
+    task = EmbeddedTask(difficulty=a.difficulty, min_difficulty=a.min_difficulty, max_operand=a.max_operand, seed=0)
     train, held = task.make_splits(a.n_train, a.n_eval)
     t0 = time.time()
     model, tok = build_warm_model(task, steps=a.warmup_steps, progress=False)
@@ -91,7 +89,12 @@ def main():
         seed_method="none",
     )
     trainer = SeedGRPOTrainer(
-        model=model, reward_funcs=embedded_reward, args=cfg, train_dataset=train, processing_class=tok, callbacks=[Cb()]
+        model=model,
+        reward_funcs=embedded_reward,
+        args=cfg,
+        train_dataset=train,
+        processing_class=tok,
+        callbacks=[Cb()],
     )
     t1 = time.time()
     trainer.train()

@@ -87,7 +87,9 @@ class EmbeddedTask:
         if self.difficulty < 1:
             raise ValueError(f"difficulty must be at least 1, got {self.difficulty}")
         if self.min_difficulty is not None and not 1 <= self.min_difficulty <= self.difficulty:
-            raise ValueError(f"min_difficulty must lie in [1, difficulty={self.difficulty}], got {self.min_difficulty}")
+            raise ValueError(
+                f"min_difficulty must lie in [1, difficulty={self.difficulty}], got {self.min_difficulty}"
+            )
         if self.max_operand - self.min_operand + 1 < self.num_operands:
             raise ValueError("the operand range is too narrow for distinct operands")
 
