@@ -28,6 +28,8 @@ def main():
     p.add_argument("--gens", type=int, default=8)
     p.add_argument("--max-len", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-iterations", type=int, default=1)
+    p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -87,6 +89,8 @@ def main():
         seed=a.seed,
         disable_tqdm=True,
         seed_method="none",
+        num_iterations=a.num_iterations,
+        top_entropy_quantile=a.top_entropy_quantile,
     )
     trainer = SeedGRPOTrainer(
         model=model,
