@@ -389,6 +389,10 @@ def test_embedded_default_end_to_end_in_miniature(tmp_path, monkeypatch):
     assert report["steps"] == 3 and report["seeds"]["rollouts"] == 24 and report["seeds"]["continuations"] > 0
     assert Path(report["model_card"]).is_file() and Path(report["dataset_card"]).is_file()
     assert Path(report["last_checkpoint"]).name == "checkpoint-3"
+    assert (
+        Path(report["learning_curve"]) == output_dir / "learning_curve.png"
+        and output_dir.joinpath("learning_curve.csv").read_text().count("held_out_pass@1") == 2
+    )  # steps 0 and 3: the report's before and after
     assert "held_out_pass@1_after" in Path(report["model_card"]).read_text()
     assert list((tmp_path / "cache").glob("warmup/*/model.safetensors"))  # the warm-up was cached
 
