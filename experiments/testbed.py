@@ -29,6 +29,7 @@ def main():
     p.add_argument("--max-len", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-iterations", type=int, default=1)
+    p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -81,7 +82,7 @@ def main():
         learning_rate=a.lr,
         lr_scheduler_type="constant",
         temperature=1.0,
-        beta=0.0,
+        beta=a.beta,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
