@@ -66,9 +66,9 @@ class Budget:
 
 # The embedded default's task and training settings (ts_trl/cli.py EMBEDDED_DEFAULTS): same warm-up (hence the same
 # cache), 32 groups of 8 per step, the same training prompts and learning rate. Held-out: 8 samples for pass@8.
-FULL = Budget(160, 1024, 128, 32, 8, 40, 8, 40, 600, 5, 64)
-QUICK = Budget(40, 1024, 64, 32, 8, 40, 8, 20, 600, 2, 32)
-DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 3, 1, 1e-4
+FULL = Budget(200, 1024, 128, 32, 8, 32, 8, 40, 600, 5, 64)
+QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
+DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,37 +143,70 @@ def main(argv: list[str] | None = None) -> list[dict]:
     _write_probe(warm_model, tokenizer, train_set, budget, out / "probe.json")
 
     settings = {"budget": asdict(budget), **{k: v for k, v in vars(args).items() if k != "methods"}}
-    seeds = range(budget.num_seeds)
-    jobs = [{"kind": "start", "seed": s, "method": None} for s in seeds]
-    jobs += [{"kind": "train", "seed": s, "method": m} for m in args.methods for s in seeds]
-    outputs = []
-    with tqdm(total=len(jobs), desc=f"runs ({args.jobs} at a time)", unit="run") as progress:
-        for done in _map(_run_job, [{**job, "settings": settings, "out": str(out)} for job in jobs], args.jobs):
+    # Seed-major order, so that the runs finished at any moment are complete pairs; each job's output is saved as it
+    # ends, and a rerun with the same settings reuses it (an interrupted comparison resumes where it stopped).
+    jobs = []
+    for seed in range(budget.num_seeds):
+        jobs.append({"kind": "start", "seed": seed, "method": None})
+        jobs += [{"kind": "train", "seed": seed, "method": m} for m in args.methods]
+    jobs = [{**job, "settings": settings, "out": str(out)} for job in jobs]
+    outputs = [saved for job in jobs if (saved := _saved_output(job)) is not None]
+    pending = [job for job in jobs if _saved_output(job) is None]
+    with tqdm(total=len(jobs), initial=len(outputs), desc=f"runs ({args.jobs} at a time)", unit="run") as progress:
+        for done in _map(_run_job, pending, args.jobs):
             outputs.append(done)
             progress.update(1)
+            if done["kind"] == "train" and len(outputs) < len(jobs):  # partial tables while the rest runs
+                _report(outputs, budget, args, out, time.time() - started, partial=True)
+    table, results, paths = _report(outputs, budget, args, out, time.time() - started, partial=False)
+    print(table)
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    return results
 
+
+def _output_path(job: dict) -> Path:
+    name = f"start-seed{job['seed']}" if job["kind"] == "start" else f"{job['method']}-seed{job['seed']}"
+    return Path(job["out"]) / "runs" / name / "output.json"
+
+
+def _comparable(settings: dict) -> dict:
+    """The settings a saved run must share to be reused: all but where and how many at a time, and the seed count."""
+    budget = {k: v for k, v in settings["budget"].items() if k != "num_seeds"}
+    return {**{k: v for k, v in settings.items() if k not in ("jobs", "output_dir", "num_seeds")}, "budget": budget}
+
+
+def _saved_output(job: dict) -> dict | None:
+    path = _output_path(job)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["output"] if _comparable(saved["settings"]) == _comparable(job["settings"]) else None
+
+
+def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float, partial: bool):
+    """Writes the CSVs, the table and the plot from the finished runs (while others run: `partial`)."""
     starts = {o["seed"]: o for o in outputs if o["kind"] == "start"}
     results, curves, prompts = [], [], []
-    for o in (o for o in outputs if o["kind"] == "train"):
-        o["result"]["pass_at_1_start"] = starts[o["seed"]]["pass_at_1"]
-        results.append(o["result"])
+    for o in (o for o in outputs if o["kind"] == "train" and o["seed"] in starts):
+        results.append({**o["result"], "pass_at_1_start": starts[o["seed"]]["pass_at_1"]})
         curves += o["curves"]
         start_rows = [{**row, "method": o["method"], "generated_tokens": 0.0} for row in starts[o["seed"]]["prompts"]]
         prompts += start_rows + o["prompts"]
     order = {m: i for i, m in enumerate(args.methods)}
     results.sort(key=lambda r: (order[r["method"]], r["seed"]))
-
     paths = {name: out / name for name in ("compare.csv", "curves.csv", "prompts.csv", "compare.md", "compare.png")}
+    if not results:
+        return "", results, paths
     write_csv(paths["compare.csv"], results)
     write_csv(paths["curves.csv"], curves)
     write_csv(paths["prompts.csv"], prompts)
     differences = paired_differences(read_csv(paths["prompts.csv"]))
-    table = format_table(summarize(results), differences, budget, args, time.time() - started)
+    table = format_table(summarize(results), differences, budget, args, elapsed)
+    if partial:
+        table = f"PARTIAL: {len(results)} of {len(args.methods) * budget.num_seeds} runs finished.\n\n{table}"
     paths["compare.md"].write_text(table + "\n")
     plot(read_csv(paths["curves.csv"]), paths["compare.png"], budget, args)
-    print(table)
-    print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    return results
+    return table, results, paths
 
 
 def _task(args):
@@ -235,17 +268,17 @@ def _run_job(job: dict) -> dict:
         return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step)
 
     if job["kind"] == "start":
-        scores = evaluate(model, 0)
-        return {"kind": "start", "seed": seed, **scores}
-    result, curves, prompts = _train(job["method"], seed, model, tokenizer, budget, args, out, evaluate)
-    return {
-        "kind": "train",
-        "seed": seed,
-        "method": job["method"],
-        "result": result,
-        "curves": curves,
-        "prompts": prompts,
-    }
+        output = {"kind": "start", "seed": seed, **evaluate(model, 0)}
+    else:
+        result, curves, prompts = _train(job["method"], seed, model, tokenizer, budget, args, out, evaluate)
+        output = {"kind": "train", "seed": seed, "method": job["method"], "result": result}
+        output.update(curves=curves, prompts=prompts)
+    path = _output_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"settings": settings, "output": output}))
+    temporary.replace(path)  # atomic: a crash leaves the previous state, never half a file
+    return output
 
 
 def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int) -> dict:
@@ -445,17 +478,19 @@ def paired_differences(rows: list[dict], k_values=(1, PASS_K)) -> list[dict]:
     per-prompt curve is interpolated.
     """
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    seeds = sorted({int(r["seed"]) for r in rows})
+    runs = sorted({(r["method"], int(r["seed"])) for r in rows})
     last = max(int(r["step"]) for r in rows)
     samples = min(int(r["samples"]) for r in rows)
     out = []
     for k in (k for k in k_values if k <= samples):
         rates = _rates(rows, k)
-        budget = min(rates[(m, s, last)][0] for m in methods for s in seeds)
-        curve = {(m, s): [v for (mm, ss, _), v in rates.items() if (mm, ss) == (m, s)] for m in methods for s in seeds}
+        budget = min(rates[(m, s, last)][0] for m, s in runs)
+        curve = {(m, s): [v for (mm, ss, _), v in rates.items() if (mm, ss) == (m, s)] for m, s in runs}
         at_tokens = {key: interpolate_at_tokens(points, budget) for key, points in curve.items()}
         for method in methods:
-            if method == BASELINE:
+            # Only RNG seeds that both this method and the baseline have finished are paired.
+            seeds = [s for m, s in runs if m == method and (BASELINE, s) in curve]
+            if method == BASELINE or not seeds:
                 continue
             steps = np.stack([rates[(method, s, last)][1] - rates[(BASELINE, s, last)][1] for s in seeds])
             tokens = np.stack([at_tokens[(method, s)] - at_tokens[(BASELINE, s)] for s in seeds])
