@@ -446,11 +446,10 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))  # a fresh 2-step warm-up, not the user's cache
     out = tmp_path / "compare"
-    status = main(
-        ["compare", "--quick", "--methods", "seeds-state", "--num-seeds", "2", "--steps", "3", "--n-train", "16",
-         "--n-eval", "4", "--eval-samples", "8", "--eval-every", "1", "--n-probe", "4", "--warmup-steps", "2",
-         "--jobs", "1", "--output-dir", str(out)]
-    )  # fmt: skip
+    argv = ["compare", "--quick", "--methods", "seeds-state", "--num-seeds", "2", "--steps", "3", "--n-train", "8",
+            "--n-eval", "4", "--eval-samples", "8", "--eval-every", "1", "--n-probe", "4", "--warmup-steps", "2",
+            "--prompts-per-step", "4", "--jobs", "1", "--output-dir", str(out)]  # fmt: skip
+    status = main(argv)
     printed = capsys.readouterr().out
     assert status == 0 and f"{out / 'compare.md'}" in printed
     assert (out / "compare.png").stat().st_size > 10_000
@@ -504,6 +503,11 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     # every run banked its rollouts as a seed dataset that `positions` can read
     assert (out / "runs" / "seeds-state-seed0" / "seeds" / "manifest.json").exists()
     assert (out / "runs" / "none-seed0" / "final" / "config.json").exists()
+
+    # Run again with the same settings: every finished run is reused (nothing trains), and the tables are the same.
+    before = (out / "compare.csv").read_text()
+    monkeypatch.setattr(compare, "_train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    assert main(argv) == 0 and (out / "compare.csv").read_text() == before
 
 
 def _prompt_rows(method, seed, points):
@@ -589,5 +593,5 @@ def test_compare_rejects_bad_budget(capsys):
 
     assert main(["compare", "--steps", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."
-    assert main(["compare", "--steps", "4", "--n-train", "64"]) == 2  # 4 x 8 prompts never come back: no seeds
+    assert main(["compare", "--steps", "4", "--n-train", "256"]) == 2  # 4 x 32 prompts never come back: no seeds
     assert "never brings a training prompt back" in capsys.readouterr().err

@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="A small budget that finishes in minutes on 2 CPU cores.")
     parser.add_argument("--steps", type=int, help="Optimizer steps per run (overrides the budget's).")
     parser.add_argument("--n-train", type=int, help="Training prompts.")
+    parser.add_argument("--prompts-per-step", type=int, help="Prompt groups per optimizer step.")
     parser.add_argument("--n-eval", type=int, help="Held-out prompts.")
     parser.add_argument(
         "--eval-samples", type=int, help=f"Samples per held-out prompt (>= {PASS_K} for pass@{PASS_K})."
@@ -98,10 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def budget_from(args) -> Budget:
     budget = copy.copy(QUICK if args.quick else FULL)
-    for name in ("steps", "n_train", "n_eval", "eval_samples", "eval_every", "warmup_steps", "num_seeds", "n_probe"):
+    names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")
+    for name in (*names, "num_seeds", "n_probe"):
         if getattr(args, name) is not None:
             setattr(budget, name, getattr(args, name))
-    for name in ("steps", "n_train", "n_eval", "eval_samples", "warmup_steps", "num_seeds", "n_probe"):
+    for name in (
+        "steps",
+        "n_train",
+        "prompts_per_step",
+        "n_eval",
+        "eval_samples",
+        "warmup_steps",
+        "num_seeds",
+        "n_probe",
+    ):
         if getattr(budget, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(budget, name)}.")
     if budget.n_train < budget.prompts_per_step:
