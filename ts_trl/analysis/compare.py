@@ -200,7 +200,12 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
     results, curves, prompts = [], [], []
     for o in (o for o in outputs if o["kind"] == "train" and o["seed"] in starts):
         results.append({**o["result"], "pass_at_1_start": starts[o["seed"]]["pass_at_1"]})
-        curves += o["curves"]
+        start = starts[o["seed"]]
+        curves += [
+            {"method": o["method"], "seed": o["seed"], "step": 0, "kind": kind, "value": start[kind]}
+            for kind in start
+            if kind.startswith("pass_at_") or kind == "coverage"
+        ] + o["curves"]
         start_rows = [{**row, "method": o["method"], "generated_tokens": 0.0} for row in starts[o["seed"]]["prompts"]]
         prompts += start_rows + o["prompts"]
     order = {m: i for i, m in enumerate(args.methods)}
@@ -587,7 +592,7 @@ def format_table(summary: list[dict], differences: list[dict], budget: Budget, a
             "| method | metric | at equal steps | at equal generated tokens |",
             "|---|---|---|---|",
         ]
-        for method in dict.fromkeys(d["method"] for d in differences):
+        for method in (s["method"] for s in summary if any(d["method"] == s["method"] for d in differences)):
             for metric in dict.fromkeys(d["metric"] for d in differences):
                 cells = []
                 for basis in ("steps", "tokens"):
@@ -649,7 +654,7 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         ax.legend(fontsize=7)
     axes.flat[-1].axis("off")
     fig.suptitle(
-        f"Embedded task, {budget.num_seeds} RNG seeds per method (mean; band: min-max over seeds), same steps and "
+        f"Embedded task, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
         f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
         fontsize=10,
     )
