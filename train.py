@@ -49,7 +49,8 @@ def main():
             eval_dataset=None if embedded else eval_dataset,  # the built-in held-out set is scored below instead
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
-            # SaveOnInterrupt before the trainer's SeedSnapshotCallback: a Ctrl-C save writes its shard.
+            # A Ctrl-C save is a checkpoint like any other, with its seed shard; the learning curve is the built-in
+            # task's held-out pass@1 every few steps.
             callbacks=[SaveOnInterrupt()]
             + ([learning_curve(script_args, training_args, eval_dataset)] if embedded else []),
         )

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -11,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 from tests.conftest import tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
-from ts_trl.snapshots import rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.snapshots import PendingRollout, rollouts_to_table, tokenizer_fingerprint, write_shard
 
 
 def _rows(output_dir) -> list[dict]:
@@ -293,9 +294,10 @@ def test_invariant_8_crash_mid_write_leaves_previous_snapshot(make_trainer, monk
         raise KeyboardInterrupt("simulated crash while writing a shard")
 
     monkeypatch.setattr("ts_trl.snapshots.pq.write_table", crash)
-    trainer.seed_store.unsnapshotted = list(trainer.seed_store.unsnapshotted) + [
-        Rollout("x", "p", "prompt", "c", [5, 6], [-1.0, -1.0], 0.0, step=6)
+    trainer.seed_store.pending = [
+        PendingRollout(Rollout("x", "p", "prompt", "c", [5, 6], (), 0.0, step=6), np.zeros(0))
     ]
+    trainer.seed_store.pending[0].logprobs = np.array([-1.0, -1.0])
     with pytest.raises(KeyboardInterrupt):
         trainer.seed_store.write_snapshot(6)
     assert (seeds / "manifest.json").read_text() == manifest_before

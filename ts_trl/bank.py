@@ -110,7 +110,10 @@ class SeedBank:
     Rollouts loaded from another run's seed dataset are always old enough.
     """
 
-    def __init__(self):
+    def __init__(self, success_reward: str | None = None, success_threshold: float = 0.0):
+        # A rollout succeeded when its `success_reward` (a reward function's name; None: the weighted total) is
+        # above `success_threshold`; the bank keeps that reward as each rollout's `reward`.
+        self.success_reward, self.success_threshold = success_reward, success_threshold
         self._ids = _ChunkedArray(np.int32)
         self._logps = _ChunkedArray(np.float32)
         self._chunk = _GrowableColumn(np.int32)
@@ -174,7 +177,8 @@ class SeedBank:
 
     def add_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         for r in rollouts:
-            self.add(r.rollout_id, r.prompt_id, r.completion_ids, r.logprobs, r.reward, r.step)
+            reward = r.rewards.get(self.success_reward, r.reward) if self.success_reward else r.reward
+            self.add(r.rollout_id, r.prompt_id, r.completion_ids, r.logprobs, reward, r.step)
 
     def mark_snapshotted(self) -> None:
         """Records that every rollout stored so far is part of a written snapshot."""
@@ -214,7 +218,8 @@ class SeedBank:
         """Draws one seed per prompt (None where the prompt has no eligible seed) according to `selection`.
 
         `passrate` steers each group toward a 50% pass rate: prompts the policy mostly fails (`pass_rates` < 0.5)
-        get successful seeds (reward > 0), prompts it mostly solves get failing ones; unknown prompts are uniform.
+        get successful seeds (reward > success_threshold), prompts it mostly solves get failing ones; unknown prompts
+        are uniform.
         """
         if selection not in SEED_SELECTIONS:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
@@ -234,7 +239,7 @@ class SeedBank:
             ]
         if "success" in wants or "failure" in wants:
             want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)[group]
-            success = rows["reward"] > 0
+            success = rows["reward"] > self.success_threshold
             keep &= np.where(want == SEED_SELECTIONS.index("success"), success, True)
             keep &= np.where(want == SEED_SELECTIONS.index("failure"), ~success, True)
         kept = np.flatnonzero(keep)  # positions in `rows`, still grouped by prompt

@@ -182,7 +182,7 @@ class GroupPlanner:
 
     def state(self) -> dict:
         """What a checkpoint must keep for a resumed run to plan the same seeds (JSON-serialisable)."""
-        return {"pass_rates": dict(self.pass_rates), "reward_means": dict(self.reward_means)}
+        return {"planner": {"pass_rates": dict(self.pass_rates), "reward_means": dict(self.reward_means)}}
 
 
 def _decay_into(stats: dict[str, float], key: str, value: float) -> None:

@@ -178,7 +178,10 @@ def fill_bank(bank: SeedBank, table: pa.Table, external: bool = False) -> None:
         raise ValueError("The seed dataset's `logprobs` do not align with its `completion_ids` (different lengths).")
     rollout_ids = table.column("rollout_id").to_pylist()
     prompt_ids = table.column("prompt_id").to_pylist()
-    rewards = table.column("reward").to_numpy(zero_copy_only=False)
+    # The success reward's own column where the dataset has it (a ts_trl run's shards do), else the weighted total.
+    success_column = f"reward_{bank.success_reward}"
+    reward_column = success_column if success_column in table.column_names else "reward"
+    rewards = table.column(reward_column).to_numpy(zero_copy_only=False)
     steps = table.column("step").to_numpy(zero_copy_only=False)
     for row in range(table.num_rows):
         start, end = offsets[row], offsets[row + 1]
@@ -273,19 +276,30 @@ class SeedStore:
         hub_dataset_id: str | None = None,
         hub_token: str | None = None,
         metrics: dict | None = None,
+        success_reward: str | None = None,
+        success_threshold: float = 0.0,
+        snapshot_steps: int | None = None,
     ):
         self.output_dir = Path(output_dir)
         self.accelerator = accelerator
         self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
         self.external_seeds = external_seeds
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
-        self.bank = SeedBank()
+        self.success = (success_reward, success_threshold)
+        self.snapshot_steps = snapshot_steps
+        # What else a checkpoint must keep for a resumed run to plan as the uninterrupted one (the planner's
+        # statistics): `checkpoint_state()` is written into each checkpoint pointer, read back as `resumed_state`.
+        self.checkpoint_state = dict
+        self.resumed_state: dict = {}
+        self.bank = SeedBank(*self.success)
         if external_seeds is not None:
             fill_bank(self.bank, external_seeds, external=True)
         self.run_id: str | None = None
         self.manifest: SeedManifest | None = None
         self.pending: list[PendingRollout] = []  # this rank's rollouts waiting for their behaviour log-probs
-        self.unsnapshotted: list[Rollout] = []  # main process: rollouts since the last snapshot, all ranks
+        # Main process: the rollouts of all ranks since the last snapshot, as Arrow tables (the shard's own columns,
+        # ~8 bytes a token plus the text) rather than Python lists (~36 bytes a token).
+        self.unsnapshotted: list[pa.Table] = []
         self.pusher = None
         if hub_dataset_id is not None and accelerator.is_main_process:
             from .hub import SeedHubPusher
@@ -299,8 +313,8 @@ class SeedStore:
     def start(self, checkpoint: str | None) -> None:
         """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
         accelerator = self.accelerator
-        self.bank = SeedBank()
-        self.pending, self.unsnapshotted = [], []
+        self.bank = SeedBank(*self.success)
+        self.pending, self.unsnapshotted, self.resumed_state = [], [], {}
         if self.external_seeds is not None:
             fill_bank(self.bank, self.external_seeds, external=True)
         manifest = SeedManifest.load(self.seeds_dir)
@@ -313,9 +327,15 @@ class SeedStore:
                 )
             pointer = Path(checkpoint) / CHECKPOINT_POINTER
             if pointer.exists():
-                files = [self.seeds_dir / s["file"] for s in json.loads(pointer.read_text())["shards"]]
+                payload = json.loads(pointer.read_text())
+                files = [self.seeds_dir / s["file"] for s in payload["shards"]]
+                self.resumed_state = payload.get("state", {})
             else:  # crashed between the shard and the pointer: the shard of this step is on disk already
                 files = manifest.paths(max_step=step)
+                logger.warning(
+                    f"{pointer} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
+                    "of seed_selection='passrate' start afresh."
+                )
             fill_bank(self.bank, read_table(files))
             self.bank.mark_snapshotted()
             run_id = manifest.run_id
@@ -353,7 +373,9 @@ class SeedStore:
         rollouts = gather_object(local) if self.accelerator.num_processes > 1 else local
         self.bank.add_rollouts(rollouts)
         if self.accelerator.is_main_process:
-            self.unsnapshotted.extend(rollouts)
+            if rollouts:
+                table = rollouts_to_table(rollouts, "", self.model_name, self.tokenizer_fp, self.reward_names)
+                self.unsnapshotted.append(table)
 
     def write_snapshot(self, step: int, final: bool = False) -> Path | None:
         """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them."""
@@ -361,11 +383,17 @@ class SeedStore:
             return None
         self.flush()
         path = None
-        if self.accelerator.is_main_process and (self.unsnapshotted or not final):
+        # An empty shard marks a checkpoint without new rollouts; one already written for this step is kept (a step
+        # can both reach `snapshot_steps` and save a checkpoint).
+        done = self.manifest is not None and any(s["step"] == step for s in self.manifest.shards)
+        if self.accelerator.is_main_process and (self.unsnapshotted or not (final or done)):
             checkpoint = "final" if final else f"{PREFIX_CHECKPOINT_DIR}-{step}"
-            table = rollouts_to_table(
-                self.unsnapshotted, checkpoint, self.model_name, self.tokenizer_fp, self.reward_names
-            )
+            tables = self.unsnapshotted or [
+                rollouts_to_table([], "", self.model_name, self.tokenizer_fp, self.reward_names)
+            ]
+            table = pa.concat_tables(tables)
+            column = table.schema.get_field_index("checkpoint")
+            table = table.set_column(column, "checkpoint", pa.array([checkpoint] * table.num_rows, pa.string()))
             path = self.seeds_dir / shard_name(step)
             write_shard(table, path)
             self.manifest.record(path.name, step, table.num_rows)
@@ -386,6 +414,7 @@ class SeedStore:
             return
         shards = [s for s in self.manifest.shards if s["step"] <= step]
         payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
+        payload["state"] = self.checkpoint_state()
         atomic_write_json(folder / CHECKPOINT_POINTER, payload)
 
     def finish_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
@@ -414,17 +443,19 @@ def checkpoint_step(checkpoint: str | os.PathLike) -> int:
 
 
 class SeedSnapshotCallback(TrainerCallback):
-    """Writes the rollouts generated since the last snapshot as one shard whenever the trainer saves a checkpoint.
+    """Writes a shard every `seed_snapshot_steps` steps and at the end, and records each checkpoint's shards.
 
-    The shard is written in `on_step_end`, once the step has decided to save and before the checkpoint folder exists,
-    so a checkpoint on disk always has its shard; `on_save` then records in the checkpoint which shards it covers.
+    The shard of a checkpoint is written by `SeedGRPOTrainer._save_checkpoint`, which every save strategy goes
+    through right before the checkpoint folder is written, so a checkpoint on disk always has its shard; `on_save`
+    then records in the checkpoint which shards it covers.
     """
 
     def __init__(self, store: SeedStore):
         self.store = store
 
     def on_step_end(self, args, state, control, **kwargs):
-        if control.should_save:
+        every = self.store.snapshot_steps
+        if every and state.global_step % every == 0:
             self.store.write_snapshot(state.global_step)
 
     def on_save(self, args, state, control, **kwargs):

@@ -7,9 +7,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response. With `seed_method="replay"`, rows planned as replays are left out of
-  the backend call and filled with a whole stored rollout (planned as a cut at its full length, trained as actions
-  with the same truncated importance ratio, and not banked again).
+  rewards and the loss see the whole response; vLLM is asked, per request, for the budget each prefix leaves
+  (`backends.py`). With `seed_method="replay"`, rows planned as replays are left out of the backend call and filled
+  with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
+  importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
@@ -38,6 +39,7 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
+from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
@@ -62,6 +64,7 @@ TRL_HOOKS = (
     "_get_per_token_logps_and_entropies",
     "_compute_loss",
     "_tokenize_prompts",
+    "_save_checkpoint",
 )
 
 
@@ -103,6 +106,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
+        if args.success_reward is not None and args.success_reward not in self.reward_func_names:
+            raise ValueError(
+                f"success_reward={args.success_reward!r} is not one of the reward functions {self.reward_func_names}; "
+                "set it to one of those names, or leave it unset to use the first."
+            )
+        self._success_index = self.reward_func_names.index(args.success_reward or self.reward_func_names[0])
         self.planner = GroupPlanner(
             args,
             self.num_generations,
@@ -120,8 +129,13 @@ class SeedGRPOTrainer(GRPOTrainer):
             hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
             hub_token=args.hub_token,
             metrics=self._metrics["train"],
+            success_reward=self.reward_func_names[self._success_index],
+            success_threshold=args.success_threshold,
+            snapshot_steps=args.seed_snapshot_steps,
         )
+        self.seed_store.checkpoint_state = self.planner.state
         self._plan: GroupPlan | None = None
+        self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         self._captured_logps: list[torch.Tensor] | None = None
         self._loss_inputs: dict | None = None  # the batch `_compute_loss` is working on, for the forward hook
         self._last_rewards_per_func: torch.Tensor | None = None
@@ -153,10 +167,16 @@ class SeedGRPOTrainer(GRPOTrainer):
             rendered = self._tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
             lengths += [len(ids) for ids in (rendered if isinstance(rendered, list) else rendered["input_ids"])]
         longest = max(lengths, default=0)
-        if max_positions is not None and longest + self.max_completion_length > max_positions:
+        limit, fix = max_positions, "Shorten or filter the prompts, or lower max_completion_length."
+        if self.use_vllm and self.vllm_mode == "colocate":  # the server's limit is checked at each request
+            engine_len = self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            if limit is None or engine_len < limit:
+                limit, fix = engine_len, f"{fix[:-1]}, or raise vllm_max_model_length."
+        if limit is not None and longest + self.max_completion_length > limit:
+            where = f"model's {limit} positions" if limit == max_positions else f"vLLM engine's max_model_len={limit}"
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
-                f"model's {max_positions} positions. Shorten or filter the prompts, or lower max_completion_length."
+                f"{where}. {fix}"
             )
 
     @property
@@ -170,8 +190,8 @@ class SeedGRPOTrainer(GRPOTrainer):
                 checkpoint = get_last_checkpoint(self.args.output_dir)
                 if checkpoint is None:
                     raise ValueError(f"No checkpoint found in output_dir={self.args.output_dir!r} to resume from.")
-            self.planner.reset()
             self.seed_store.start(checkpoint or None)
+            self.planner.reset(self.seed_store.resumed_state.get("planner"))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -199,9 +219,11 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
         if plan is None or not plan.any_seeded:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
+            with self._vllm_request_budgets(plan, [0] * len(prompt_ids)):
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         plan.splices = [
             self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
             for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
@@ -212,7 +234,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         generated = [i for i, replayed in enumerate(plan.replayed) if not replayed]
         if not generated or images is not None or multimodal_fields or not self._backend_takes_any_rows:
             generated = list(range(len(spliced)))
-        with self._generation_budget(plan):
+        prefix_lens = [len(plan.splices[i].prefix_ids) if plan.splices[i] is not None else 0 for i in generated]
+        with self._generation_budget(plan), self._vllm_request_budgets(plan, prefix_lens):
             continuations, logprobs = super()._generate_single_turn(
                 [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
@@ -223,7 +246,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
             if plan.replayed[i]:  # the old rollout whole: every token trained (as action, IS-weighted), none generated
-                response = list(plan.seeds[i].completion_ids[: plan.cuts[i].k])
+                response = [int(t) for t in plan.seeds[i].completion_ids[: plan.cuts[i].k]]
                 mask, k, continuation = [1] * len(response), len(response), []
             elif splice is None:
                 continuation = list(continuation)
@@ -245,8 +268,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
 
         Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
-        generation steps in lockstep) generates the same number of steps. vLLM keeps its own limit; the continuation
-        is truncated to its budget afterwards in every case.
+        generation steps in lockstep) generates the same number of steps. vLLM requests get their budgets from
+        `_vllm_request_budgets`; the continuation is truncated to its budget afterwards in every case.
         """
         budget = int(self.max_completion_length - plan.global_prefix_len.min())
         if self.use_vllm or budget >= self.max_completion_length:
@@ -258,6 +281,39 @@ class SeedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    @contextlib.contextmanager
+    def _vllm_request_budgets(self, plan: GroupPlan | None, prefix_lens: list[int]):
+        """Asks vLLM, per prompt, for exactly the budget its prefix leaves (`max_completion_length - k`), within the
+        engine's `max_model_len`; see `backends.py`. `prefix_lens`: the prefix length of each row this rank sends.
+        """
+        if not self.use_vllm or plan is None or not plan.global_seeded.any():
+            yield
+            return
+        backend, budget = self.vllm_generation, self.max_completion_length
+        # Per global row: the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt).
+        global_prefix_lens = np.where(plan.global_seeded, plan.global_prefix_len, 0)
+        if self.vllm_mode == "colocate":
+            tp = self.vllm_tensor_parallel_size
+            if tp > 1:  # the engine sees the rows of the whole tensor-parallel group, rank after rank
+                size = tp * len(prefix_lens)
+                start = self.accelerator.process_index // tp * size
+                prefix_lens = global_prefix_lens[start : start + size].tolist()
+            max_model_len = backend.llm.llm_engine.model_config.max_model_len
+            wrapped = per_prompt_sampling_params(backend.llm.generate, prefix_lens, budget, max_model_len)
+            with replaced(backend.llm, "generate", wrapped):
+                yield
+        elif self.accelerator.is_main_process:  # server: the main process sends one prompt per group of all ranks
+            if self._vllm_max_model_len is None:
+                info = backend.vllm_client.get_server_info()
+                self._vllm_max_model_len = int(info["model_config"]["max_model_len"])
+            group_prefix_lens = global_prefix_lens[:: self.num_generations].tolist()
+            client = backend.vllm_client
+            wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._vllm_max_model_len)
+            with replaced(client, "generate", wrapped):
+                yield
+        else:
+            yield
 
     @property
     def _backend_takes_any_rows(self) -> bool:
@@ -298,8 +354,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         current_logps = output.get("old_per_token_logps")
         if self._trains_old_tokens:
             self._prepare_old_token_training(output, plan, total)
-        rewards = total.cpu().numpy()
-        self.planner.observe(plan, rewards, rewards > 0)
+        success = (rewards_per_func[:, self._success_index] > self.args.success_threshold).cpu().numpy()
+        self.planner.observe(plan, total.cpu().numpy(), success)
 
         step, count, run_id = plan.step, plan.count, self.seed_store.run_id
         pending_rows = []  # per local row: its index in the store's pending queue, -1 if replayed
@@ -316,7 +372,7 @@ class SeedGRPOTrainer(GRPOTrainer):
                 prompt_id=_prompt_key(row),
                 prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
                 completion=completion if isinstance(completion, str) else json.dumps(completion),
-                completion_ids=response,
+                completion_ids=np.asarray(response, np.int32),  # compact from here to the shard
                 logprobs=(),
                 reward=local_total[i],
                 step=step,
@@ -463,7 +519,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         return loss
 
     # ----------------------------------------------------------------------------------------------------------------
-    # The model card
+    # Checkpoints and the model card
+
+    def _save_checkpoint(self, model, trial):
+        # Every save strategy ("steps", "epoch", "best", a Ctrl-C save) passes here right before the checkpoint
+        # folder is written, whenever transformers decided to save: the checkpoint's shard is written first.
+        if self.args.seed_method != "none":
+            self.seed_store.write_snapshot(self.state.global_step)
+        return super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""
