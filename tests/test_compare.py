@@ -499,7 +499,9 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
         cell = line.split("|")[3 if d["at_equal"] == "steps" else 4]
         assert f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" in cell
     coverage = [c for c in csv.DictReader(open(out / "curves.csv")) if c["kind"] == "coverage"]
-    assert {c["step"] for c in coverage} == {"1", "2", "3"} and all(0 < float(c["value"]) <= 1 for c in coverage)
+    assert {c["step"] for c in coverage} == {"0", "1", "2", "3"} and all(0 < float(c["value"]) <= 1 for c in coverage)
+    # At step 0 the policy is the warm model that sampled the reference states: p = q, full coverage.
+    assert all(float(c["value"]) == pytest.approx(1.0, abs=1e-4) for c in coverage if c["step"] == "0")
     # every run banked its rollouts as a seed dataset that `positions` can read
     assert (out / "runs" / "seeds-state-seed0" / "seeds" / "manifest.json").exists()
     assert (out / "runs" / "none-seed0" / "final" / "config.json").exists()
