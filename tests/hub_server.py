@@ -1,8 +1,11 @@
 """A local, in-memory stand-in for the Hugging Face Hub HTTP API, enough for the real `huggingface_hub` client.
 
-It serves what `create_repo`, `create_commit` (regular, non-LFS uploads), `repo_info`, `list_repo_tree`,
-`get_paths_info`, `hf_hub_download`, `snapshot_download`, `HfFileSystem` and `datasets.load_dataset("org/name")`
-call, and can be told to fail or stall so that tests can check how callers behave when the Hub misbehaves.
+It serves what `create_repo`, `create_commit`, `repo_info`, `list_repo_tree`, `get_paths_info`, `hf_hub_download`,
+`snapshot_download`, `HfFileSystem` and `datasets.load_dataset("org/name")` call, and can be told to fail or stall so
+that tests can check how callers behave when the Hub misbehaves. As on the Hub, Parquet files go through Git LFS:
+`preupload` answers "lfs" for them, and the client uploads them with the LFS batch API's basic transfer (a PUT per
+object, then a verify) before the commit names them by sha256; the other files travel inline in the commit. The client
+takes that path when Xet is off (`HF_HUB_DISABLE_XET=1`).
 Point the client at it with `HF_ENDPOINT=http://127.0.0.1:<port>`; see `tests/test_hub.py` for the fixture.
 """
 
@@ -22,6 +25,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 REPO_TYPES = ("model", "dataset", "space")
 # The client asks for a revision by name or by 40-hex commit id.
 COMMIT_ID = re.compile(r"^[0-9a-f]{40}$")
+# Files the Hub stores in LFS whatever their size (its default .gitattributes lists them); the rest go inline.
+LFS_SUFFIXES = (".parquet", ".safetensors", ".bin", ".arrow")
+GITATTRIBUTES = b"".join(b"*%s filter=lfs diff=lfs merge=lfs -text\n" % suffix.encode() for suffix in LFS_SUFFIXES)
 
 
 def git_blob_id(content: bytes) -> str:
@@ -35,6 +41,7 @@ class Commit:
     files: dict[str, bytes]  # the whole tree at this commit; repos here are small
     title: str
     date: str
+    lfs: frozenset[str] = frozenset()  # paths of `files` stored as LFS objects
 
 
 @dataclass
@@ -70,6 +77,8 @@ class LocalHub:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for assertions
         self.unknown: list[tuple[str, str]] = []  # requests no route matched: the client needs an endpoint we lack
         self.authorizations: list[str] = []  # Authorization headers seen, to check a token was (only) sent here
+        self.lfs_objects: dict[str, bytes] = {}  # sha256 hex -> content, shared by every repo as on the Hub
+        self.create_requests: list[dict] = []  # bodies of /api/repos/create, to check what the client asked for
         self._failures_left = 0
         self._failure_status = 500
         self._failure_match: str | None = None
@@ -130,6 +139,18 @@ class LocalHub:
         with self._lock:
             return [commit.title for commit in self._repo(repo_type, repo_id).commits]
 
+    def lfs_paths(self, repo_id: str, repo_type: str = "dataset") -> set[str]:
+        """Paths of the repo's head that were uploaded through LFS (not inline in the commit)."""
+        with self._lock:
+            return set(self._repo(repo_type, repo_id).head.lfs)
+
+    def add_repo(self, repo_id: str, repo_type: str = "dataset", private: bool = False) -> None:
+        """Creates a repo as if someone had made it on the Hub earlier (e.g. public, to test visibility checks)."""
+        with self._lock:
+            repo = Repo(repo_type, repo_id, private=private)
+            repo.commits.append(_new_commit({".gitattributes": GITATTRIBUTES}, "initial commit"))
+            self.repos[(repo_type, repo_id)] = repo
+
     # -- routing ---------------------------------------------------------------------------------------------
     def handle(self, method: str, raw_path: str, headers, body: bytes) -> tuple[int, dict, bytes]:
         url = urlsplit(raw_path)
@@ -159,6 +180,13 @@ class LocalHub:
             (r"/api/repos/create", ("POST",), self._create_repo),
             (r"/api/validate-yaml", ("POST",), self._validate_yaml),
             (r"/api/agent-harnesses", ("GET",), self._agent_harnesses),
+            (
+                r"/(?:(?P<prefix>datasets|spaces)/)?(?P<repo_id>[^/]+/[^/]+)\.git/info/lfs/objects/batch",
+                ("POST",),
+                self._lfs_batch,
+            ),
+            (r"/lfs-upload/(?P<oid>[0-9a-f]{64})/(?P<size>\d+)", ("PUT",), self._lfs_upload),
+            (r"/lfs-verify", ("POST",), self._lfs_verify),
             (rf"/api/{repo}/preupload/(?P<revision>[^/]+)", ("POST",), self._preupload),
             (rf"/api/{repo}/commit/(?P<revision>[^/]+)", ("POST",), self._commit),
             (rf"/api/{repo}/tree/(?P<revision>[^/]+)(?:/(?P<subpath>.*))?", ("GET",), self._tree),
@@ -187,6 +215,8 @@ class LocalHub:
     # -- endpoints -------------------------------------------------------------------------------------------
     def _create_repo(self, body, **_):
         payload = json.loads(body or b"{}")
+        with self._lock:
+            self.create_requests.append(payload)
         repo_type = payload.get("type") or "model"
         repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
         url = f"{self.endpoint}/{'' if repo_type == 'model' else repo_type + 's/'}{repo_id}"
@@ -194,11 +224,10 @@ class LocalHub:
             if (repo_type, repo_id) in self.repos:
                 # `create_repo(exist_ok=True)` reads the url from the conflict answer.
                 raise HubError(409, f"You already created this {repo_type} repo", url=url)
+            # huggingface_hub sends `visibility`, or nothing (the account's default: public here).
             repo = Repo(repo_type, repo_id, private=payload.get("visibility") == "private")
             # A new repo on the Hub has one commit with a .gitattributes file.
-            repo.commits.append(
-                _new_commit({".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"}, "initial commit")
-            )
+            repo.commits.append(_new_commit({".gitattributes": GITATTRIBUTES}, "initial commit"))
             self.repos[(repo_type, repo_id)] = repo
         return _json(200, {"url": url, "name": repo_id, "id": repo_id})
 
@@ -215,10 +244,10 @@ class LocalHub:
             files = [
                 {
                     "path": entry["path"],
-                    # Inline base64 in the commit keeps every upload on one endpoint; this hub has no LFS storage.
-                    "uploadMode": "regular",
+                    "uploadMode": "lfs" if entry["path"].endswith(LFS_SUFFIXES) else "regular",
                     "shouldIgnore": False,
-                    "oid": git_blob_id(commit.files[entry["path"]]) if entry["path"] in commit.files else None,
+                    # The client compares this with its own oid to skip unchanged files: sha256 for LFS, else sha1.
+                    "oid": _oid(commit, entry["path"]) if entry["path"] in commit.files else None,
                 }
                 for entry in json.loads(body)["files"]
             ]
@@ -230,7 +259,7 @@ class LocalHub:
             repo = self._repo(repo_type, repo_id)
             if revision != "main":
                 raise HubError(400, "The local hub only commits to 'main'")
-            files = dict(repo.head.files)
+            files, lfs = dict(repo.head.files), set(repo.head.lfs)
             header = {}
             for line in lines:
                 key, value = line["key"], line["value"]
@@ -240,16 +269,24 @@ class LocalHub:
                         raise HubError(412, "A commit has happened since. Please refresh and try again.")
                 elif key == "file":
                     files[value["path"]] = base64.b64decode(value["content"])
+                    lfs.discard(value["path"])
+                elif key == "lfsFile":
+                    if value["oid"] not in self.lfs_objects:  # the Hub refuses a pointer to an object never uploaded
+                        raise HubError(400, f"LFS object {value['oid']} of {value['path']} was not uploaded")
+                    files[value["path"]] = self.lfs_objects[value["oid"]]
+                    lfs.add(value["path"])
                 elif key == "deletedFile":
                     if value["path"] not in files:
                         raise HubError(404, "A file with this name doesn't exist", code="EntryNotFound")
                     del files[value["path"]]
+                    lfs.discard(value["path"])
                 elif key == "deletedFolder":
                     prefix = value["path"].rstrip("/") + "/"
                     files = {path: data for path, data in files.items() if not path.startswith(prefix)}
+                    lfs = {path for path in lfs if path in files}
                 else:
-                    raise HubError(400, f"The local hub does not support '{key}' commit entries (no LFS storage)")
-            commit = _new_commit(files, header.get("summary", ""))
+                    raise HubError(400, f"The local hub does not support '{key}' commit entries")
+            commit = _new_commit(files, header.get("summary", ""), lfs)
             repo.commits.append(commit)
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
         return _json(
@@ -261,6 +298,42 @@ class LocalHub:
                 "pullRequestUrl": None,
             },
         )
+
+    # -- Git LFS batch API, basic transfer (https://github.com/git-lfs/git-lfs/blob/main/docs/api/batch.md) ---------
+    def _lfs_batch(self, repo_id, body, prefix=None, **_):
+        payload = json.loads(body)
+        with self._lock:
+            self._repo(prefix[:-1] if prefix else "model", repo_id)
+        if payload.get("operation") != "upload" or "basic" not in payload.get("transfers", ["basic"]):
+            raise HubError(400, f"The local hub only does basic LFS uploads, not {payload}")
+        objects = []
+        for obj in payload["objects"]:
+            oid, size = obj["oid"], obj["size"]
+            entry = {"oid": oid, "size": size, "authenticated": True}
+            with self._lock:
+                stored = oid in self.lfs_objects
+            if not stored:  # an object the storage already holds gets no actions: the client skips its upload
+                entry["actions"] = {
+                    "upload": {"href": f"{self.endpoint}/lfs-upload/{oid}/{size}", "header": {}},
+                    "verify": {"href": f"{self.endpoint}/lfs-verify", "header": {}},
+                }
+            objects.append(entry)
+        return _json(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
+
+    def _lfs_upload(self, oid, size, body, **_):
+        if len(body) != int(size) or hashlib.sha256(body).hexdigest() != oid:
+            raise HubError(400, f"LFS upload of {oid}: content does not match its oid and size")
+        with self._lock:
+            self.lfs_objects[oid] = body
+        return 200, {"Content-Length": "0"}, b""
+
+    def _lfs_verify(self, body, **_):
+        payload = json.loads(body)
+        with self._lock:
+            data = self.lfs_objects.get(payload["oid"])
+        if data is None or len(data) != payload["size"]:
+            raise HubError(404, f"LFS object {payload['oid']} not found")
+        return _json(200, {"success": True})
 
     def _info(self, repo_type, repo_id, revision="main", **_):
         with self._lock:
@@ -314,7 +387,7 @@ class LocalHub:
                 if recursive or depth == 1:
                     entries.setdefault(folder, _folder_entry(folder))
             if recursive or len(parts) == 1:
-                entries[path] = _file_entry(path, data)
+                entries[path] = _file_entry(path, data, commit)
         return _json(200, list(entries.values()))
 
     def _paths_info(self, repo_type, repo_id, revision, headers, body, **_):
@@ -323,12 +396,13 @@ class LocalHub:
         else:
             paths = parse_qs(body.decode()).get("paths", [])
         with self._lock:
-            files = dict(self._commit_of(self._repo(repo_type, repo_id), revision).files)
+            commit = self._commit_of(self._repo(repo_type, repo_id), revision)
+            files = dict(commit.files)
         entries = []
         for requested in paths:
             requested = requested.strip("/")
             if requested in files:
-                entries.append(_file_entry(requested, files[requested]))
+                entries.append(_file_entry(requested, files[requested], commit))
             elif requested == "" or any(path.startswith(requested + "/") for path in files):
                 entries.append(_folder_entry(requested))
         return _json(200, entries)
@@ -342,7 +416,7 @@ class LocalHub:
             raise HubError(404, f"Entry not found: {file}", code="EntryNotFound", headers=_commit_header(commit))
         out_headers = {
             **_commit_header(commit),
-            "ETag": f'"{git_blob_id(data)}"',
+            "ETag": f'"{_oid(commit, file)}"',
             "Accept-Ranges": "bytes",
             "Content-Type": "application/octet-stream",
         }
@@ -358,19 +432,30 @@ class LocalHub:
                 return 416, {"Content-Range": f"bytes */{len(data)}"}, b""
             status, payload = 206, data[start : end + 1]
             out_headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+        if file in commit.lfs:  # what the Hub adds for an LFS file (the client prefers it to ETag)
+            out_headers.update({"X-Linked-Etag": out_headers["ETag"], "X-Linked-Size": str(len(data))})
         out_headers["Content-Length"] = str(len(payload))
         return status, out_headers, b"" if method == "HEAD" else payload
 
 
-def _new_commit(files: dict[str, bytes], title: str) -> Commit:
+def _new_commit(files: dict[str, bytes], title: str, lfs: set[str] | frozenset[str] = frozenset()) -> Commit:
     digest = hashlib.sha1(json.dumps(sorted((p, git_blob_id(d)) for p, d in files.items())).encode())
     digest.update(f"{title}{time.time_ns()}".encode())
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-    return Commit(oid=digest.hexdigest(), files=files, title=title, date=date)
+    return Commit(oid=digest.hexdigest(), files=files, title=title, date=date, lfs=frozenset(lfs))
 
 
-def _file_entry(path: str, data: bytes) -> dict:
-    return {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
+def _oid(commit: Commit, path: str) -> str:
+    """What the Hub calls a file's oid: sha256 of the content for an LFS file, git's blob sha1 for the others."""
+    data = commit.files[path]
+    return hashlib.sha256(data).hexdigest() if path in commit.lfs else git_blob_id(data)
+
+
+def _file_entry(path: str, data: bytes, commit: Commit) -> dict:
+    entry = {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
+    if path in commit.lfs:
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+    return entry
 
 
 def _folder_entry(path: str) -> dict:
@@ -396,8 +481,11 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def _serve(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":  # streamed uploads (LFS PUT)
+                body = self._read_chunked()
+            else:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
             status, headers, payload = hub.handle(self.command, self.path, self.headers, body)
             self.send_response(status)
             for key, value in headers.items():
@@ -407,6 +495,16 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
+
+        def _read_chunked(self) -> bytes:
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    self.rfile.readline()  # the empty line after the last chunk (no trailers from the client)
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
 
         do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _serve
 

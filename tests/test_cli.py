@@ -7,19 +7,24 @@ every run is as small as it can be: the package's tiny model, two prompts, 12-to
 import json
 import os
 import runpy
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-import psutil
+import datasets
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from huggingface_hub import ModelCard
 
-from ts_trl.cli import EMBEDDED_DEFAULTS, ConfigError, load_training_data, make_parser, parse_args, resolve_rewards
+from ts_trl.data import load_training_data
+from ts_trl.rewards import get_reward_funcs
 from ts_trl.tiny import build_tiny_model, build_tokenizer
+from ts_trl.train import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -160,14 +165,14 @@ def test_real_recipes_load_local_data_of_the_same_schema(recipe, rows, expected,
         assert getattr(holders[0], key) == expected_value, key
     assert script_args.reward_funcs == expected["reward_funcs"]
 
-    train, evaluation = load_training_data(script_args, training_args)
+    train, evaluation = load_training_data(script_args, training_args.seed, training_args.eval_strategy != "no")
     column = "answer" if "answer" in expected else "tests"
     assert set(train.column_names) == {"prompt", "prompt_id", column}
     assert expected[column] in train[0][column]
     assert train[0]["prompt"][0] == {"role": "system", "content": values["system_prompt"]}
     assert evaluation is None  # the recipes do not evaluate during training
 
-    rewards = resolve_rewards(script_args.reward_funcs, embedded=False)
+    rewards = get_reward_funcs(script_args.reward_funcs)
     trainer = SeedGRPOTrainer(
         model=str(tiny_dir / "model"), reward_funcs=rewards, args=training_args, train_dataset=train
     )
@@ -195,6 +200,7 @@ def _run_train_py(monkeypatch, capsys, argv):
         (["--prompt_column", "nope"], "no column 'nope'"),
         (["--answer_column", "solution"], "no column 'solution'"),
         (["--reward_funcs", "no_such_reward"], "Unknown reward 'no_such_reward'"),
+        (["--reward_funcs", "no_such_reward"], "'code', 'embedded', 'format', 'math'"),  # every registered name
         (["--reward_funcs", "tests.conftest.no_such_function"], "Cannot import reward function"),
         (["--model_name_or_path", "./no/such/model"], "no such local folder"),
         (["--model_name_or_path", "ts-trl-tests/not-a-cached-model"], "not in the local Hugging Face cache"),
@@ -218,6 +224,20 @@ def test_unknown_recipe_key_is_one_clear_line(tiny_dir, tmp_path, monkeypatch, c
     recipe.write_text("# Seeding\nseed_fraction: 0.5\nseed_fractoin: 0.3\n")
     line = _run_train_py(monkeypatch, capsys, ["--config", str(recipe), *_data_args(tiny_dir, tmp_path / "run")])
     assert "seed_fractoin" in line
+
+
+def test_quantization_flags_are_refused_for_the_embedded_model(tmp_path, monkeypatch, capsys):
+    line = _run_train_py(monkeypatch, capsys, ["--load_in_4bit", "--output_dir", str(tmp_path / "run")])
+    assert "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path" in line
+
+
+def test_a_dataset_without_an_answer_column_says_so_plainly():
+    from datasets import Dataset
+
+    from ts_trl.data import to_prompt_dataset
+
+    with pytest.raises(ValueError, match=r"The dataset has no answer column \(one of answer, "):
+        to_prompt_dataset(Dataset.from_list([{"question": "1+1="}]))
 
 
 def test_parse_args_raises_config_error_on_unknown_flags():
@@ -269,6 +289,41 @@ def test_zero3_on_cpu_trains_writes_seeds_and_resumes(tiny_dir, tmp_path):
     assert list((output_dir / "seeds" / "superseded").glob("*/step-000002.parquet"))  # the abandoned step-2 shard
 
 
+# The embedded default, shrunk to seconds (the warm-up, held-out set and steps); its code paths are the full run's.
+EMBEDDED_SMALL = [
+    "--embedded_warmup_steps", "5",
+    "--embedded_train_problems", "4",  # few prompts, so prompts repeat and later steps draw seeds
+    "--embedded_eval_problems", "8",
+    "--embedded_eval_samples", "1",
+    "--per_device_train_batch_size", "8",
+    "--num_generations", "4",
+    "--max_completion_length", "16",
+    "--seed_fraction", "1.0",
+    "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path):
+    """No model flag under the CPU ZeRO-3 config: the cached warm-up loads into a model ZeRO-3 then partitions."""
+    from ts_trl.embedded import EmbeddedTask, build_warm_model
+
+    cache = tmp_path / "cache"
+    os.environ["TS_TRL_CACHE"], previous = str(cache), os.environ.get("TS_TRL_CACHE")
+    try:  # the cache a first run leaves (built here, in-process, to save a launch)
+        build_warm_model(EmbeddedTask(difficulty=2, seed=0), steps=5, seed=0, progress=False)
+    finally:
+        os.environ.pop("TS_TRL_CACHE") if previous is None else os.environ.update(TS_TRL_CACHE=previous)
+    assert list(cache.glob("warmup/*/model.safetensors"))
+    config = tmp_path / "zero3_cpu.yaml"
+    config.write_text(yaml.safe_dump(ZERO3_CPU))
+    output_dir = tmp_path / "run"
+    train = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "2", "--save_steps", "1"]
+    result = _launch(tmp_path, ["--config_file", str(config)], train, DS_ACCELERATOR="cpu", TS_TRL_CACHE=str(cache))
+    assert "DeepSpeed: True" in result.stdout and "Thinking Seeds run finished" in result.stdout
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["steps"] == 2 and report["seeds"]["rollouts"] == 16
+
+
 def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path):
     output_dir = tmp_path / "run"
     lora = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]  # r=4: the tiny model's hidden size is 64
@@ -306,11 +361,27 @@ def test_two_cpu_processes_agree_on_every_draw(tiny_dir, tmp_path):
         assert k >= 1 and row["completion_ids"][:k] == by_id[row["seed_origin"]]["completion_ids"][:k]
 
 
-def test_ctrl_c_leaves_a_resumable_checkpoint_with_its_seed_snapshot(tiny_dir, tmp_path):
+def _bank_contents(output_dir):
+    """What a run's seed dataset holds, independent of run ids: (prompt, completion tokens, prefix length) rows."""
+    _, rows = _seed_rows(output_dir)
+    return sorted((r["prompt_id"], tuple(r["completion_ids"]), r["prefix_len"]) for r in rows)
+
+
+def test_ctrl_c_exits_130_and_its_resume_command_ends_with_the_uninterrupted_bank(
+    tiny_dir, tmp_path, monkeypatch, capsys
+):
+    """`python train.py`, Ctrl-C, then exactly the printed command: same seed bank as a run never interrupted."""
+    steps = 6
+    train = [*SMALL, "--save_steps", "3", "--max_steps", str(steps), "--use_cpu"]
+    reference = subprocess.run(
+        [sys.executable, "train.py", *_data_args(tiny_dir, tmp_path / "reference"), *train],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
     output_dir = tmp_path / "run"
-    train = [*_data_args(tiny_dir, output_dir), *SMALL, "--max_steps", "10000", "--save_steps", "10000"]
     process = subprocess.Popen(
-        _launch_command(["--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml")], train),
+        [sys.executable, "train.py", *_data_args(tiny_dir, output_dir), *train],
         cwd=ROOT,
         env=_env(tmp_path),
         stdout=subprocess.PIPE,
@@ -330,34 +401,54 @@ def test_ctrl_c_leaves_a_resumable_checkpoint_with_its_seed_snapshot(tiny_dir, t
     reader.start()
     try:
         assert started.wait(240), "".join(lines[-50:])
-        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the job gets it
-        _, alive = psutil.wait_procs(family, timeout=120)
-        assert not alive, "".join(lines[-50:])
+        status = process.wait(120)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     reader.join(10)
     output = "".join(lines)
-    assert "Interrupted: saving a checkpoint" in output
-    checkpoints = sorted(output_dir.glob("checkpoint-*"))
-    assert len(checkpoints) == 1, output[-3000:]
-    step = int(checkpoints[0].name.split("-")[1])
-    pointer = json.loads((checkpoints[0] / "seed_snapshot.json").read_text())
+    assert status == 130, output[-3000:]  # not 0: an interrupted run is not a finished one
+    assert "Interrupted: saving a checkpoint" in output and "run finished" not in output
+    step = json.loads((output_dir / "report.json").read_text())["steps"]
+    assert 1 <= step < steps and f"interrupted at step {step}" in output
+    checkpoint = output_dir / f"checkpoint-{step}"
+    pointer = json.loads((checkpoint / "seed_snapshot.json").read_text())
     assert pointer["step"] == step and pointer["shards"][-1]["step"] == step
-    assert (output_dir / "seeds" / f"step-{step:06d}.parquet").is_file()
+    assert json.loads((output_dir / "report.json").read_text())["last_checkpoint"] == str(checkpoint)
 
-    # Resume in this process (no new interpreter needed) and take one more step.
-    _, rows_before = _seed_rows(output_dir)
-    argv = [*train[: train.index("--max_steps")], "--max_steps", str(step + 1), "--use_cpu"]
-    argv += ["--resume_from_checkpoint", str(checkpoints[0])]
-    from unittest import mock
+    # Running the same command again into the same folder is refused, naming what to pass.
+    monkeypatch.chdir(ROOT)
+    line = _run_train_py(monkeypatch, capsys, [*_data_args(tiny_dir, output_dir), *train])
+    assert "holds an earlier run" in line and f"--resume_from_checkpoint {checkpoint}" in line
 
-    with mock.patch.object(sys, "argv", ["train.py", *argv]):
-        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
-    assert json.loads((output_dir / "report.json").read_text())["steps"] == step + 1
-    _, rows_after = _seed_rows(output_dir)
-    assert {r["rollout_id"] for r in rows_before} < {r["rollout_id"] for r in rows_after}
+    # The printed resume command, as printed.
+    command = shlex.split(output.split("Resume with:\n", 1)[1].splitlines()[0])
+    assert command[0].startswith("python") and command[1] == "train.py"
+    assert command[-2:] == ["--resume_from_checkpoint", str(checkpoint)]
+    resumed = subprocess.run(
+        [sys.executable, *command[1:]], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((output_dir / "report.json").read_text())["steps"] == steps
+    assert _bank_contents(output_dir) == _bank_contents(tmp_path / "reference")
+
+
+def test_a_checkpoint_whose_shards_were_set_aside_stops_with_one_line(tiny_dir, tmp_path, monkeypatch, capsys):
+    """Resuming from a checkpoint whose seeds another run moved to seeds/superseded/: one line, nothing touched."""
+    from ts_trl.snapshots import SeedManifest
+
+    output_dir = tmp_path / "run"
+    (output_dir / "checkpoint-2").mkdir(parents=True)
+    (output_dir / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    shard = {"file": "step-000002.parquet", "step": 2, "rows": 8}
+    pointer = {"run_id": "earlier", "step": 2, "shards": [shard], "rows": 8}
+    (output_dir / "checkpoint-2" / "seed_snapshot.json").write_text(json.dumps(pointer))
+    (output_dir / "seeds").mkdir()
+    SeedManifest(output_dir / "seeds", "later", "tiny", "fp").save()  # the folder now holds another run's seeds
+    argv = [*_data_args(tiny_dir, output_dir), *SMALL, "--use_cpu", "--resume_from_checkpoint"]
+    line = _run_train_py(monkeypatch, capsys, [*argv, str(output_dir / "checkpoint-2")])
+    assert "Cannot resume from" in line and "belongs to run earlier" in line and "seeds/superseded/" in line
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -368,31 +459,31 @@ def test_embedded_default_end_to_end_in_miniature(tmp_path, monkeypatch):
     """`train.py` with no model and no dataset, shrunk: warm-up, pass@1 before/after, seeds, cards, the report."""
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
     output_dir = tmp_path / "embedded"
-    argv = [
-        "--output_dir", str(output_dir),
-        "--embedded_warmup_steps", "5",  # the real warm-up takes minutes; five steps exercise the same path
-        "--embedded_train_problems", "4",  # few prompts, so prompts repeat and later steps draw seeds
-        "--embedded_eval_problems", "8",
-        "--embedded_eval_samples", "1",
-        "--per_device_train_batch_size", "8",
-        "--num_generations", "4",
-        "--max_completion_length", "16",
-        "--max_steps", "3",
-        "--save_steps", "1",
-        "--seed_fraction", "1.0",
-        "--disable_tqdm", "true",
-    ]  # fmt: skip
+    argv = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "3", "--save_steps", "1"]
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    assert exit_info.value.code == 0
     report = json.loads((output_dir / "report.json").read_text())
     assert 0.0 <= report["held_out_pass@1_before"] <= 1.0 and 0.0 <= report["held_out_pass@1_after"] <= 1.0
     assert report["steps"] == 3 and report["seeds"]["rollouts"] == 24 and report["seeds"]["continuations"] > 0
+    assert report["seeds"]["bank_size"] == 24  # the bank at the end, not the last logging window's mean
+    assert report["report"] == str(output_dir / "report.json")
     assert Path(report["model_card"]).is_file() and Path(report["dataset_card"]).is_file()
     assert Path(report["last_checkpoint"]).name == "checkpoint-3"
     assert (
         Path(report["learning_curve"]) == output_dir / "learning_curve.png"
         and output_dir.joinpath("learning_curve.csv").read_text().count("held_out_pass@1") == 2
     )  # steps 0 and 3: the report's before and after
+    card = ModelCard(Path(report["model_card"]).read_text())
+    assert card.data.license == "apache-2.0" and not card.data.base_model and not card.data.datasets  # no made-up ids
+
+    # The local seed folder loads as a dataset, with exactly this run's shards (not superseded/ ones).
+    (output_dir / "seeds" / "superseded" / "old").mkdir(parents=True)
+    shutil.copy(output_dir / "seeds" / "step-000001.parquet", output_dir / "seeds" / "superseded" / "old")
+    local = datasets.load_dataset(str(output_dir / "seeds"), split="train", cache_dir=str(tmp_path / "ds-cache"))
+    _, rows = _seed_rows(output_dir)
+    assert sorted(local["rollout_id"]) == sorted(r["rollout_id"] for r in rows) and len(rows) == 24
     assert "held_out_pass@1_after" in Path(report["model_card"]).read_text()
     assert list((tmp_path / "cache").glob("warmup/*/model.safetensors"))  # the warm-up was cached
 

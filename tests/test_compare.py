@@ -265,7 +265,7 @@ def _printed_table(text: str, first_word: str) -> list[list[str]]:
 def test_relay_numbers_match_the_samples(checkpoints, tmp_path, capsys):
     import csv
 
-    from ts_trl.commands import main
+    from ts_trl.__main__ import main
 
     out = tmp_path / "relay"
     status = main(
@@ -325,7 +325,7 @@ def test_relay_numbers_match_the_samples(checkpoints, tmp_path, capsys):
     ],
 )
 def test_relay_rejects_bad_input_in_one_line(checkpoints, tmp_path, capsys, argv, message):
-    from ts_trl.commands import main
+    from ts_trl.__main__ import main
 
     base = {"--checkpoint-a": str(checkpoints / "A"), "--checkpoint-b": str(checkpoints / "B")}
     base["--prompts"] = str(checkpoints / "prompts.jsonl")
@@ -361,7 +361,7 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
     """On a seed dataset of one rollout, each bucket's numbers are that rollout's, recomputed here by hand."""
     from transformers import AutoModelForCausalLM
 
-    from ts_trl.commands import main
+    from ts_trl.__main__ import main
 
     table = pq.read_table(seed_run / "seeds" / "step-000002.parquet")
     one = table.filter(
@@ -409,8 +409,8 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
 
 
 def test_positions_rejects_another_tokenizer_and_missing_checkpoint(seed_run, tmp_path, capsys):
+    from ts_trl.__main__ import main
     from ts_trl.bank import Rollout
-    from ts_trl.commands import main
     from ts_trl.snapshots import rollouts_to_table, write_shard
 
     (tmp_path / "other").mkdir()
@@ -427,13 +427,15 @@ def test_commands_dispatch_and_module_entry_points(capsys):
     import subprocess
     import sys
 
-    from ts_trl.commands import COMMANDS, main
+    from ts_trl.__main__ import ANALYSES, main
 
     assert main(["nonsense"]) == 2
     assert "unknown command" in capsys.readouterr().err
-    assert set(COMMANDS) == {"relay", "positions", "compare"}
-    for name in COMMANDS:
-        done = subprocess.run([sys.executable, "-m", f"ts_trl.{name}", "--help"], capture_output=True, text=True)
+    assert set(ANALYSES) == {"relay", "positions", "compare"}
+    for name in ANALYSES:
+        done = subprocess.run(
+            [sys.executable, "-m", f"ts_trl.analysis.{name}", "--help"], capture_output=True, text=True
+        )
         assert done.returncode == 0 and f"ts_trl {name}" in done.stdout
 
 
@@ -441,8 +443,8 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     """A shrunk `compare --quick` end to end: its printed tables are recomputed from the CSVs it wrote."""
     import csv
 
+    from ts_trl.__main__ import main
     from ts_trl.analysis import compare
-    from ts_trl.commands import main
 
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))  # a fresh 2-step warm-up, not the user's cache
     out = tmp_path / "compare"
@@ -591,7 +593,7 @@ def test_equal_token_comparison_interpolates_each_curve_where_the_cheapest_run_s
 
 
 def test_compare_rejects_bad_budget(capsys):
-    from ts_trl.commands import main
+    from ts_trl.__main__ import main
 
     assert main(["compare", "--steps", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."

@@ -9,12 +9,12 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from huggingface_hub import DatasetCard, ModelCard
+from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
 from tests.hub_server import LocalHub
 from ts_trl.cards import render_dataset_card, render_model_card, template_path
-from ts_trl.hub import SeedHubPusher, download_seed_dataset
+from ts_trl.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
 
 REPO_ID = "org/seeds"
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"
@@ -112,6 +112,8 @@ def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, m
     assert pusher.close(timeout=60) == []
     assert pusher.status() == {"pushed": 3, "pending": 0, "failed_attempts": 0, "failed_pushes": 0, "last_error": None}
     assert shard_files(hub) == [f"data/{shard.name}" for shard in shards]
+    assert hub.lfs_paths(REPO_ID) == set(shard_files(hub))  # the shards took the LFS path, as on the Hub
+    assert all(hub.files(REPO_ID)[f"data/{shard.name}"] == shard.read_bytes() for shard in shards)
     assert hub.commit_titles(REPO_ID)[1:] == [f"Add seed shard {shard.name}" for shard in shards]  # one per submit
     card = DatasetCard(hub.files(REPO_ID)["README.md"].decode())
     assert card.data.configs[0]["data_files"] == [{"split": "train", "path": "data/*.parquet"}]
@@ -120,6 +122,9 @@ def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, m
     local_rows = rows_of([pq.read_table(shard) for shard in shards])
     loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))
     assert sorted(loaded.to_list(), key=lambda row: row["rollout_id"]) == local_rows
+
+    downloaded = hf_hub_download(REPO_ID, f"data/{shards[1].name}", repo_type="dataset")
+    assert open(downloaded, "rb").read() == shards[1].read_bytes()  # bit-identical through LFS and back
 
     folder = download_seed_dataset(REPO_ID)
     assert rows_of([pq.read_table(path) for path in sorted((folder / "data").glob("*.parquet"))]) == local_rows
@@ -195,6 +200,32 @@ def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(
     assert "were not pushed" in caplog.text and str(shard.resolve()) in caplog.text
     with pytest.raises(RuntimeError, match="closed"):
         pusher.submit(shard)
+
+
+def test_a_private_run_creates_a_private_repo_and_refuses_a_public_one(hub, tmp_path):
+    shards = write_run(tmp_path / "run", [1])
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, private=True, **FAST) as pusher:
+        pusher.check_visibility()  # no repo yet: nothing to refuse
+        pusher.submit(shards[0])
+    assert [r.get("visibility") for r in hub.create_requests] == ["private"]  # the flag in the create request
+    assert hub.repos[("dataset", REPO_ID)].private and shard_files(hub) == ["data/step-000001.parquet"]
+
+    hub.add_repo("org/public-seeds", private=False)
+    refused = SeedHubPusher("org/public-seeds", token=FAKE_TOKEN, private=True, **FAST)
+    with pytest.raises(PublicRepoError, match="exists and is public.*hub_seeds_private=False"):
+        refused.check_visibility()
+    # Had the check been skipped at start-up, the worker still uploads nothing into the public repo.
+    refused.submit(shards[0])
+    assert refused.close(timeout=30) == [shards[0].resolve()]
+    assert "exists and is public" in refused.status()["last_error"]
+    assert refused.status()["failed_attempts"] == 1  # refused, not retried
+    assert set(hub.files("org/public-seeds")) == {".gitattributes"}
+    assert not hub.repos[("dataset", "org/public-seeds")].private  # its visibility is left alone
+
+    with SeedHubPusher("org/public-seeds", token=FAKE_TOKEN, private=False, **FAST) as explicit:
+        explicit.check_visibility()  # the explicit override: publishing is what the user asked for
+        explicit.submit(shards[0])
+    assert "data/step-000001.parquet" in hub.files("org/public-seeds")
 
 
 def test_bad_arguments_fail_early():
@@ -312,3 +343,99 @@ def test_training_does_not_wait_for_a_stalled_failing_hub(hub, make_trainer, tmp
     local = rows_of([pq.read_table(p) for p in sorted((tmp_path / "pushed" / "seeds").glob("step-*.parquet"))])
     loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))
     assert sorted(loaded.to_list(), key=lambda row: row["rollout_id"]) == local  # nothing lost, nothing duplicated
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model repo and the cards, through the trainer
+
+
+def test_a_private_pushed_run_keeps_its_seeds_out_of_the_model_repo(hub, make_trainer, tmp_path):
+    """push_to_hub + push_seeds_to_hub, private: both repos created private; the model repo's tree has no seeds/."""
+    trainer = make_trainer(
+        output_dir=str(tmp_path / "run"), push_to_hub=True, hub_model_id="org/model", hub_private_repo=True,
+        push_seeds_to_hub=True, max_steps=2, save_steps=1,
+    )  # fmt: skip
+    trainer.train()  # hub_strategy="every_save": the Trainer pushes output_dir at each save too
+    trainer.push_to_hub(dataset_name="org/prompts", metrics={"held_out_pass@1_after": 0.5})
+    model_files = hub.files("org/model", repo_type="model")
+    assert "README.md" in model_files and "model.safetensors" in model_files
+    assert not [path for path in model_files if path.startswith("seeds")]  # no shard, manifest or card of the seeds
+    assert (tmp_path / "run" / "seeds" / "step-000002.parquet").is_file()  # still the full local copy
+    assert "model.safetensors" in hub.lfs_paths("org/model", repo_type="model")
+    seed_files = sorted(path for path in hub.files("org/model-seeds") if path.startswith("data/"))
+    assert seed_files == ["data/step-000001.parquet", "data/step-000002.parquet"]
+    created = {r["name"]: r.get("visibility") for r in hub.create_requests}
+    assert created == {"model": "private", "model-seeds": "private"}
+    assert hub.repos[("model", "org/model")].private and hub.repos[("dataset", "org/model-seeds")].private
+
+    card = ModelCard(model_files["README.md"].decode())
+    assert card.data.datasets == ["org/prompts", "org/model-seeds"] and card.data.license == "other"
+    assert "held_out_pass@1_after" in card.text and "[org/model-seeds](" in card.text
+    dataset_card = DatasetCard(hub.files("org/model-seeds")["README.md"].decode())
+    assert dataset_card.data.license == "other" and "[org/model](" in dataset_card.text  # links back to the model
+
+
+def test_a_private_run_refuses_an_existing_public_seed_repo(hub, make_trainer, tmp_path):
+    hub.add_repo("org/model-seeds", private=False)
+    settings = dict(push_to_hub=True, hub_model_id="org/model", hub_private_repo=True, push_seeds_to_hub=True)
+    with pytest.raises(PublicRepoError, match="'org/model-seeds' exists and is public"):
+        make_trainer(output_dir=str(tmp_path / "refused"), **settings)
+    assert set(hub.files("org/model-seeds")) == {".gitattributes"}
+    # The explicit override: the user asks for public seeds of a private model.
+    make_trainer(output_dir=str(tmp_path / "allowed"), hub_seeds_private=False, **settings)
+
+
+@pytest.mark.parametrize("case", ["local", "pushed", "seeds_pushed", "lora"])
+def test_the_model_card_metadata_of_each_kind_of_run(case, hub, tmp_path, tokenizer):
+    """One card writer (`create_model_card`), rendered for each kind of run, with the metadata keys the Hub reads."""
+    from peft import LoraConfig
+
+    from tests.conftest import count_reward, tiny_prompts
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+    from ts_trl.tiny import build_tiny_model
+
+    model = build_tiny_model(tokenizer)
+    model.config._name_or_path = "Qwen/Qwen2.5-0.5B"  # as if loaded from the Hub
+    settings = {
+        "local": {},
+        "pushed": {"push_to_hub": True, "hub_model_id": "org/model"},
+        "seeds_pushed": {"push_to_hub": True, "hub_model_id": "org/model", "push_seeds_to_hub": True},
+        "lora": {},
+    }[case]
+    args = SeedGRPOConfig(
+        output_dir=str(tmp_path / "run"), use_cpu=True, report_to=[], per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=8, card_license="apache-2.0", **settings,
+    )  # fmt: skip
+    trainer = SeedGRPOTrainer(
+        model=model, reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(), processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM") if case == "lora" else None,
+    )  # fmt: skip
+    trainer.create_model_card(dataset_name="openai/gsm8k", tags=["my-tag"], metrics={"held_out_pass@1_after": 0.25})
+    card = ModelCard((tmp_path / "run" / "README.md").read_text())
+    data = card.data
+    assert data.base_model == "Qwen/Qwen2.5-0.5B" and data.pipeline_tag == "text-generation"
+    assert data.library_name == ("peft" if case == "lora" else "transformers") and data.license == "apache-2.0"
+    assert set(data.tags) == {"trl", "grpo", "thinking-seeds", "my-tag"}  # the `tags` argument is honoured
+    seeds = ["org/model-seeds"] if case == "seeds_pushed" else []
+    assert data.datasets == ["openai/gsm8k", *seeds]  # the seed dataset only when it is really pushed
+    assert ("org/model-seeds" in card.text) == (case == "seeds_pushed")
+    assert "| `held_out_pass@1_after` | 0.25 |" in card.text
+    repo_ref = "org/model" if settings.get("push_to_hub") else "run"
+    assert f'PreTrainedTokenizerFast.from_pretrained("{repo_ref}")' in card.text  # not AutoTokenizer (see README)
+    assert "AutoTokenizer" not in card.text
+    assert ("AutoPeftModelForCausalLM" in card.text) == (case == "lora")
+
+
+def test_a_batch_no_reward_can_score_does_not_stop_training(make_trainer, tmp_path, caplog):
+    """TRL logs a metric as None when a reward returns None for a whole batch; the checkpoint's card must cope."""
+
+    def unscorable(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = make_trainer(output_dir=str(tmp_path / "run"), reward=unscorable, max_steps=2, save_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert "All reward functions returned None" in caplog.text  # TRL's own warning, as in its test
+    assert trainer.state.global_step == 2 and (tmp_path / "run" / "checkpoint-2").is_dir()
+    assert any(h.get("reward") is None for h in trainer.state.log_history if "reward" in h)
+    assert "thinking-seeds" in (tmp_path / "run" / "README.md").read_text()

@@ -28,3 +28,51 @@ def test_ci_runs_the_readme_commands_verbatim():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     for command in commands:
         assert command in ci, f".ci/run must run the README's command verbatim: {command}"
+
+
+def test_every_imported_package_is_a_declared_dependency():
+    """What ts_trl imports at any depth is the standard library, ts_trl itself, or in pyproject's dependencies."""
+    import ast
+    import re
+    import sys
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[\[<>=!;~ ]", spec, maxsplit=1)[0].lower().replace("-", "_") for spec in project["dependencies"]}
+    # Distribution name -> the module it provides, where they differ; TRL's extras bring the optional ones.
+    provides = {"pyyaml": "yaml"}
+    importable = {provides.get(name, name) for name in declared} | {"peft"}  # peft: trl[peft]
+    optional = {"vllm", "deepspeed", "math_verify", "psutil", "pytest"}  # extras, imported only when asked for
+    imported = set()
+    for path in (ROOT / "ts_trl").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"ts_trl", "__future__"}
+    assert third_party - importable - optional == set(), "declare these in pyproject.toml's dependencies"
+    assert "version" in project["dynamic"] and "version" not in project  # one version string: ts_trl.__version__
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+    assert "psutil" not in " ".join(project["dependencies"])  # test-only
+    extras = project["optional-dependencies"]
+    assert "code" not in extras and any(spec.startswith("build") for spec in extras["dev"])
+    assert all(spec.startswith("trl[") for name in ("vllm", "deepspeed", "math") for spec in extras[name])
+
+
+def test_ci_installs_the_wheel_and_trains_from_an_empty_folder():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m build --wheel" in ci and "dist/ts_trl-*.whl" in ci
+    assert 'cd "$empty"' in ci and 'ts_trl" train --config embedded --max_steps 2' in ci
+
+
+def test_recipes_and_accelerate_configs_ship_with_the_package():
+    from ts_trl.resources import packaged_file
+    from ts_trl.train import resolve_recipe
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for kind in ("recipes", "accelerate_configs"):
+        assert config["package-dir"][f"ts_trl.{kind}"] == kind and config["package-data"][f"ts_trl.{kind}"] == [
+            "*.yaml"
+        ]
+        assert packaged_file(kind, "embedded.yaml" if kind == "recipes" else "cpu.yaml") is not None
+    assert resolve_recipe("embedded") == ROOT / "recipes" / "embedded.yaml"  # named without a path

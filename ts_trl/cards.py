@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from huggingface_hub import DatasetCard, DatasetCardData, ModelCard, ModelCardData
 
+from .resources import packaged_file
+
 MODEL_CARD_TEMPLATE = "model_card.md.j2"
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
 TAGS = ("trl", "grpo", "thinking-seeds")
-# The split every seed dataset exposes; `load_dataset(repo_id)` reads it through this `configs:` entry.
-DATASET_CONFIGS = [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
+# Where a seed dataset's shards are: under `data/` in a Hub repo, at the top of a run's local `seeds/` folder (where
+# `superseded/` holds set-aside shards that are not part of it). The card's `configs:` block names them, so that
+# `load_dataset(<repo id>)` and `load_dataset(<local folder>)` read exactly these.
+HUB_SHARDS = "data/*.parquet"
+LOCAL_SHARDS = "step-*.parquet"
+
+
+def dataset_configs(shards: str) -> list[dict]:
+    """The `configs:` entry of a seed dataset card: one `train` split of the shards matching `shards`."""
+    return [{"config_name": "default", "data_files": [{"split": "train", "path": shards}]}]
+
+
 # Config fields worth showing in a card: those that change how seeds are picked, cut and trained.
 SEED_SETTING_PREFIXES = ("seed_", "cut_", "prefix_")
 
@@ -64,19 +75,13 @@ SEED_COLUMNS = (
 
 def template_path(name: str) -> Path:
     """Path of a card template: the installed package data `ts_trl.model_cards`, else `model_cards/` of the checkout."""
-    try:
-        candidate = importlib.resources.files("ts_trl.model_cards") / name
-        if candidate.is_file():
-            return Path(str(candidate))
-    except (ModuleNotFoundError, TypeError):
-        pass  # not installed with the package-data mapping: running from a source checkout
-    candidate = Path(__file__).resolve().parents[1] / "model_cards" / name
-    if not candidate.is_file():
+    path = packaged_file("model_cards", name)
+    if path is None:
         raise FileNotFoundError(
-            f"Card template {name!r} is neither in the installed package (ts_trl.model_cards) nor at {candidate}. "
-            "Reinstall ts_trl (`pip install .`) so that its model_cards/ templates are included."
+            f"Card template {name!r} is neither in the installed package (ts_trl.model_cards) nor in the checkout's "
+            "model_cards/. Reinstall ts_trl (`pip install .`) so that its model_cards/ templates are included."
         )
-    return candidate
+    return path
 
 
 def render_model_card(
@@ -90,13 +95,20 @@ def render_model_card(
     seed_config: Mapping,
     metrics: Mapping,
     license: str | None = None,
+    tags: Sequence[str] = (),
+    tokenizer_class: str = "AutoTokenizer",
 ) -> ModelCard:
-    """The model card of a Thinking Seeds run: metadata for the Hub, the method, the seeding settings and metrics."""
+    """The model card of a Thinking Seeds run: metadata for the Hub, the method, the seeding settings and metrics.
+
+    Only Hub ids go into the metadata (`base_model`, `datasets`); a local model or data path is named in the text.
+    `tokenizer_class` is what the "How to load" snippet uses (`PreTrainedTokenizerFast` for a tokenizer of that
+    generic class, which `AutoTokenizer` would swap for the one registered for the architecture).
+    """
     card_data = ModelCardData(
-        base_model=base_model,
+        base_model=base_model if _is_hub_id(base_model) else None,
         library_name="peft" if is_peft else "transformers",
-        datasets=[name for name in (dataset_name, seed_dataset_id) if name] or None,
-        tags=list(TAGS),
+        datasets=[name for name in (dataset_name, seed_dataset_id) if _is_hub_id(name)] or None,
+        tags=list(dict.fromkeys([*TAGS, *tags])),
         pipeline_tag="text-generation",
         license=license,
         model_name=model_name,
@@ -116,6 +128,7 @@ def render_model_card(
         is_peft=is_peft,
         prefix_mode=seed_config.get("prefix_mode", "state"),
         repo_ref=hub_model_id or model_name,
+        tokenizer_class=tokenizer_class,
         seed_settings=seed_settings,
         metrics=[(name, _format_value(value)) for name, value in metrics.items()],
         thinking_seeds_citation=THINKING_SEEDS_CITATION,
@@ -133,8 +146,11 @@ def render_dataset_card(
     num_rows: int,
     reward_columns: list[str],
     license: str | None = None,
+    trained_model_id: str | None = None,
+    local: bool = False,
 ) -> DatasetCard:
-    """The card of a seed dataset repo; its `configs:` block makes `load_dataset(repo_id)` read `data/*.parquet`."""
+    """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
+    folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
     steps = sorted(set(steps))
     card_data = DatasetCardData(
         license=license,
@@ -142,7 +158,7 @@ def render_dataset_card(
         size_categories=[_size_category(num_rows)],
         task_categories=["text-generation"],
         tags=["thinking-seeds", "trl"],
-        configs=DATASET_CONFIGS,
+        configs=dataset_configs(LOCAL_SHARDS if local else HUB_SHARDS),
     )
     columns = []
     for name, arrow_type, meaning in SEED_COLUMNS:
@@ -156,6 +172,8 @@ def render_dataset_card(
         card_data,
         template_path=str(template_path(DATASET_CARD_TEMPLATE)),
         repo_id=repo_id,
+        local=local,
+        trained_model_link=_hub_link(trained_model_id),
         model=model,
         model_link=_hub_link(model),
         tokenizer_fingerprint=tokenizer_fingerprint,
@@ -167,7 +185,13 @@ def render_dataset_card(
     )
 
 
-def dataset_card_for_shard(shard_path: Path, repo_id: str, license: str | None = None) -> DatasetCard:
+def dataset_card_for_shard(
+    shard_path: Path,
+    repo_id: str,
+    license: str | None = None,
+    trained_model_id: str | None = None,
+    local: bool = False,
+) -> DatasetCard:
     """The dataset card for a run's seed folder, read from the `manifest.json` next to `shard_path` and its schema."""
     import pyarrow.parquet as pq
 
@@ -195,14 +219,21 @@ def dataset_card_for_shard(shard_path: Path, repo_id: str, license: str | None =
         num_rows=num_rows,
         reward_columns=reward_columns,
         license=license,
+        trained_model_id=trained_model_id,
+        local=local,
     )
+
+
+def _is_hub_id(name: str | None) -> bool:
+    """Whether `name` reads as a Hub repo id (`org/name`) rather than a local path."""
+    return bool(name) and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not Path(name).exists()
 
 
 def _hub_link(repo_id: str | None, kind: str = "model") -> str | None:
     """A Markdown link to a Hub repo, or the name in backticks when it is a local path rather than a Hub id."""
     if not repo_id:
         return None
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) and not Path(repo_id).exists():
+    if _is_hub_id(repo_id):
         prefix = "datasets/" if kind == "dataset" else ""
         return f"[{repo_id}](https://huggingface.co/{prefix}{repo_id})"
     return f"`{repo_id}`"

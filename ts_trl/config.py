@@ -67,6 +67,13 @@ class SeedGRPOConfig(GRPOConfig):
             Upload every checkpoint's seed shard to a Hub dataset repo, in the background.
         hub_seed_dataset_id (`str`, *optional*):
             The dataset repo (`"org/name"`) for the seeds; defaults to `<hub_model_id>-seeds`.
+        hub_seeds_private (`bool`, *optional*):
+            Visibility of the seed dataset repo when it is created; `None` follows `hub_private_repo`. The rollouts
+            hold the training prompts and the model's outputs: a private run refuses to push into an existing public
+            repo unless this is set to `False` explicitly. An existing repo's visibility is never changed.
+        card_license (`str`, *optional*, defaults to `"other"`):
+            License in the model card and the seed dataset card (a Hub license id such as `apache-2.0`); `other`
+            means the base model's and the training data's terms apply.
     """
 
     seed_method: str = field(
@@ -124,6 +131,15 @@ class SeedGRPOConfig(GRPOConfig):
     )
     hub_seed_dataset_id: str | None = field(
         default=None, metadata={"help": "Dataset repo ('org/name') for the seeds; defaults to '<hub_model_id>-seeds'."}
+    )
+    hub_seeds_private: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Seed repo visibility; None follows hub_private_repo, False publishes a private run's seeds."
+        },
+    )
+    card_license: str = field(
+        default="other", metadata={"help": "License id of the model and seed dataset cards ('other': the base's)."}
     )
 
     def __post_init__(self):

@@ -1,9 +1,11 @@
-"""Dataset adapters: map public math and code schemas to `prompt` + `answer` (math) or `prompt` + `tests` (code)."""
+"""Training data: local files or Hub datasets read and mapped from public math and code schemas to `prompt` +
+`answer` (math) or `prompt` + `tests` (code)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 from datasets import Dataset
 
@@ -12,6 +14,7 @@ MATH_ANSWER_COLUMNS = ("answer", "final_answer", "gold", "solution")  # a short 
 CODE_PROMPT_COLUMNS = ("prompt", "text", "question", "question_content", "problem", "description", "instruction")
 # In order of preference; each is turned into a `tests` string by `_tests_of`.
 CODE_TESTS_COLUMNS = ("tests", "test_list", "test", "input_output", "public_test_cases", "public_tests")
+DATA_EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
 
 def prompt_id_of(prompt: str | list[dict]) -> str:
@@ -32,7 +35,7 @@ def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, .
         for name in candidates:
             if name in columns:
                 return name
-    wanted = f"column {given!r}" if given is not None else f"a {what} column (one of {', '.join(candidates)})"
+    wanted = f"column {given!r}" if given is not None else f"{what} column (one of {', '.join(candidates)})"
     raise ValueError(f"The dataset has no {wanted}; its columns are {columns}. Name the right one with {flag}.")
 
 
@@ -121,3 +124,75 @@ def to_prompt_dataset(
     converted = dataset.map(convert, remove_columns=columns)
     order = ["prompt", "prompt_id", "answer" if math else "tests"] + (["entry_point"] if has_entry_point else [])
     return converted.select_columns(order)
+
+
+def read_local(path: str, split: str = "train"):
+    """A local `.jsonl`/`.json`/`.parquet`/`.csv`/`.arrow` file, a folder of them, or a `save_to_disk` folder."""
+    from datasets import load_dataset, load_from_disk
+
+    source = Path(path).expanduser()
+    if not source.exists():
+        raise FileNotFoundError(f"--dataset_path {path}: no such file or folder.")
+    if source.is_dir() and ((source / "dataset_info.json").exists() or (source / "dataset_dict.json").exists()):
+        loaded = load_from_disk(str(source))
+        return loaded[split] if hasattr(loaded, "keys") else loaded
+    files = sorted(p for p in source.rglob("*") if p.suffix in DATA_EXTENSIONS) if source.is_dir() else [source]
+    builders = {DATA_EXTENSIONS.get(p.suffix) for p in files}
+    if not files or None in builders or len(builders) != 1:
+        raise ValueError(
+            f"--dataset_path {path}: expected .jsonl, .json, .parquet, .csv or .arrow files of one kind, found "
+            f"{sorted(p.name for p in files)[:5] or 'none'}."
+        )
+    return load_dataset(builders.pop(), data_files=[str(p) for p in files], split="train")
+
+
+def read_hub(name: str, config: str | None = None, split: str = "train", streaming: bool = False):
+    """A split of a Hub dataset, with one-line errors for a missing split and for "not found" or "offline"."""
+    from datasets import load_dataset
+    from huggingface_hub import constants
+
+    try:
+        return load_dataset(name, config, split=split, streaming=streaming)
+    except ValueError as error:
+        if "split" in str(error).lower():
+            raise ValueError(f"--dataset_name {name}: {error}") from error
+        raise
+    except Exception as error:  # datasets raises many types for "not found" and "offline"
+        hint = " (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set and it is not cached)" if constants.HF_HUB_OFFLINE else ""
+        raise ValueError(f"--dataset_name {name}: cannot load it{hint}: {type(error).__name__}: {error}") from error
+
+
+def load_training_data(script_args, seed: int = 0, with_eval: bool = False):
+    """The training set (and the evaluation set, or None) of a `ts_trl.train` run, as `to_prompt_dataset` rows.
+
+    With neither `dataset_name` nor `dataset_path`, the built-in task's training and held-out sets.
+    """
+    if script_args.dataset_name is None and script_args.dataset_path is None:
+        from .embedded import EmbeddedTask
+
+        task = EmbeddedTask(
+            difficulty=script_args.embedded_difficulty,
+            min_difficulty=getattr(script_args, "embedded_min_difficulty", None),
+            seed=seed,
+        )
+        return task.make_splits(script_args.embedded_train_problems, script_args.embedded_eval_problems)
+
+    def read(split):
+        if script_args.dataset_path is not None:
+            return read_local(script_args.dataset_path, split)
+        return read_hub(script_args.dataset_name, script_args.dataset_config, split, script_args.dataset_streaming)
+
+    def convert(dataset):
+        return to_prompt_dataset(
+            dataset,
+            prompt_column=script_args.prompt_column,
+            answer_column=script_args.answer_column,
+            system_prompt=script_args.system_prompt,
+            conversational=script_args.conversational,
+            domain=script_args.domain,
+        )
+
+    train = read(script_args.dataset_train_split)
+    if script_args.max_train_samples is not None and hasattr(train, "select"):
+        train = train.select(range(min(script_args.max_train_samples, len(train))))
+    return convert(train), convert(read(script_args.dataset_test_split)) if with_eval else None

@@ -44,7 +44,10 @@ class SeedHubPusher:
     Args:
         repo_id: the dataset repo, `"org/name"`; created (as a dataset repo) on the first push if it does not exist.
         token: a Hub token with write access; defaults to the logged-in one (`hf auth login` or `HF_TOKEN`).
-        private: visibility of the repo if the pusher creates it; ignored for an existing repo.
+        private: visibility of the repo if the pusher creates it (None: the account's default). An existing repo's
+            visibility is never changed: with `private=True`, a repo that exists and is public is refused, by
+            `check_visibility` before training and again before the first upload, so that private rollouts are never
+            published by accident.
         max_retries: attempts after the first one before a push counts as failed.
         backoff: seconds before the first retry; doubled at each retry, up to `max_backoff`.
         max_backoff: the longest wait between two attempts, in seconds.
@@ -101,6 +104,32 @@ class SeedHubPusher:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def check_visibility(self, strict: bool = False) -> None:
+        """Raises `ValueError` when `private=True` and the repo exists and is public; the only call that may block.
+
+        Meant for start-up, so that a run fails before training rather than after; when the Hub cannot be reached
+        (offline, down), it returns and the worker checks again before its first upload, with `strict=True`: there
+        a failed check is an error like any other, retried, and nothing is uploaded until it passes.
+        """
+        if not self.private:
+            return
+        try:
+            info = self._api.repo_info(self.repo_id, repo_type="dataset")
+        except RepositoryNotFoundError:
+            return  # the pusher creates it, private
+        except Exception as error:  # noqa: BLE001 - unreachable now; `_push` checks again before uploading
+            if strict:
+                raise
+            logger.info("Could not check the visibility of %s now (%s); checked before the first push.", self, error)
+            return
+        if not info.private:
+            raise PublicRepoError(
+                f"The seed dataset repo {self.repo_id!r} exists and is public, but this run is private "
+                "(hub_private_repo=True): its rollouts hold the training prompts and the model's outputs. Make the "
+                "repo private on the Hub, set another hub_seed_dataset_id, or pass hub_seeds_private=False to publish "
+                "the seeds anyway."
+            )
 
     # -- the trainer's side: never blocks on the network --------------------------------------------------------
     def submit(self, shard_path: str | Path, card_text: str | None = None) -> None:
@@ -228,6 +257,9 @@ class SeedHubPusher:
     def _push(self, shard: Path) -> None:
         if not self._repo_ready:
             self._api.create_repo(self.repo_id, repo_type="dataset", private=self.private, exist_ok=True)
+            self.check_visibility(
+                strict=True
+            )  # the repo may have existed (and been public) before: never upload into it
             self._repo_ready = True
         with self._lock:
             card_text = self._card_text
@@ -243,6 +275,10 @@ class SeedHubPusher:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "<token>") if self._secret else text
+
+
+class PublicRepoError(ValueError):
+    """A private run was about to push its seeds into an existing public repo; not retried."""
 
 
 def _is_retryable(error: Exception) -> bool:

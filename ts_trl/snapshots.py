@@ -12,12 +12,15 @@ at any moment leaves either the previous or the new snapshot readable, never a t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import secrets
 import shutil
+import signal
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -275,7 +278,10 @@ class SeedStore:
         external_seeds: pa.Table | None = None,
         hub_dataset_id: str | None = None,
         hub_token: str | None = None,
+        hub_private: bool | None = None,
         metrics: dict | None = None,
+        card_license: str | None = None,
+        trained_model_id: str | None = None,
         success_reward: str | None = None,
         success_threshold: float = 0.0,
         snapshot_steps: int | None = None,
@@ -285,6 +291,8 @@ class SeedStore:
         self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
         self.external_seeds = external_seeds
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
+        self.card_license, self.trained_model_id = card_license, trained_model_id
+        self.hub_dataset_id = hub_dataset_id
         self.success = (success_reward, success_threshold)
         self.snapshot_steps = snapshot_steps
         # What else a checkpoint must keep for a resumed run to plan as the uninterrupted one (the planner's
@@ -304,7 +312,8 @@ class SeedStore:
         if hub_dataset_id is not None and accelerator.is_main_process:
             from .hub import SeedHubPusher
 
-            self.pusher = SeedHubPusher(hub_dataset_id, token=hub_token)
+            self.pusher = SeedHubPusher(hub_dataset_id, token=hub_token, private=hub_private)
+            self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
 
     @property
     def seeds_dir(self) -> Path:
@@ -320,18 +329,11 @@ class SeedStore:
         manifest = SeedManifest.load(self.seeds_dir)
         if checkpoint is not None:
             step = checkpoint_step(checkpoint)
-            if manifest is None:
-                raise ValueError(
-                    f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
-                    "in the output_dir of the run that wrote it, or start a new run."
-                )
+            files = self.resume_shards(checkpoint)
             pointer = Path(checkpoint) / CHECKPOINT_POINTER
             if pointer.exists():
-                payload = json.loads(pointer.read_text())
-                files = [self.seeds_dir / s["file"] for s in payload["shards"]]
-                self.resumed_state = payload.get("state", {})
+                self.resumed_state = json.loads(pointer.read_text()).get("state", {})
             else:  # crashed between the shard and the pointer: the shard of this step is on disk already
-                files = manifest.paths(max_step=step)
                 logger.warning(
                     f"{pointer} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
                     "of seed_selection='passrate' start afresh."
@@ -360,6 +362,37 @@ class SeedStore:
                 manifest = SeedManifest(self.seeds_dir, self.run_id, self.model_name, self.tokenizer_fp)
                 manifest.save()
             self.manifest = manifest
+
+    def resume_shards(self, checkpoint: str | os.PathLike) -> list[Path]:
+        """The shards that rebuild the bank `checkpoint` saw; a one-line `ValueError` when this folder lacks them.
+
+        A checkpoint records its run id and shards (`seed_snapshot.json`). They are gone from `seeds/` when another
+        run started in the folder later, or a resume from an earlier checkpoint set them aside: the bank could then
+        not be rebuilt exactly, so resuming stops (the shards are still in `seeds/superseded/`, never deleted).
+        """
+        manifest = SeedManifest.load(self.seeds_dir)
+        if manifest is None:
+            raise ValueError(
+                f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
+                "in the output_dir of the run that wrote it, or start a new run."
+            )
+        pointer_path = Path(checkpoint) / CHECKPOINT_POINTER
+        if not pointer_path.exists():  # crashed between the shard and the pointer: the shard is on disk already
+            return manifest.paths(max_step=checkpoint_step(checkpoint))
+        pointer = json.loads(pointer_path.read_text())
+        current = {s["file"]: s for s in manifest.shards}
+        missing = [s["file"] for s in pointer["shards"] if current.get(s["file"]) != s]
+        if pointer.get("run_id") != manifest.run_id or missing:
+            why = (
+                f"it belongs to run {pointer.get('run_id')}, but {self.seeds_dir} now holds run {manifest.run_id}'s seeds"
+                if pointer.get("run_id") != manifest.run_id
+                else f"its shards {missing[:3]} are no longer in {self.seeds_dir}"
+            )
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: {why} (a later run or resume moved them to seeds/superseded/). "
+                f"Resume from a checkpoint of the run in {self.seeds_dir}, or start a new run in another output_dir."
+            )
+        return [self.seeds_dir / s["file"] for s in pointer["shards"]]
 
     def add_pending(self, pending: PendingRollout) -> int:
         """Queues a local rollout until the training forward fills its log-probs; returns its row in the queue."""
@@ -399,13 +432,27 @@ class SeedStore:
             self.manifest.record(path.name, step, table.num_rows)
             self.manifest.save()
             self.unsnapshotted = []
+            self.write_dataset_card(path)
             if self.pusher is not None:
-                self.pusher.submit(path)  # returns at once; the upload runs in the background
+                card = self.dataset_card(path, self.hub_dataset_id, local=False)
+                self.pusher.submit(path, card_text=str(card))  # returns at once; the upload runs in the background
                 for name, value in self.pusher.status().items():
                     if isinstance(value, int):
                         self.metrics.setdefault(f"hub/{name}", []).append(value)
         self.bank.mark_snapshotted()
         return path
+
+    def dataset_card(self, shard: Path, dataset_id: str, local: bool):
+        from .cards import dataset_card_for_shard
+
+        return dataset_card_for_shard(
+            shard, dataset_id, license=self.card_license, trained_model_id=self.trained_model_id, local=local
+        )
+
+    def write_dataset_card(self, shard: Path) -> None:
+        """Writes `seeds/README.md` for the local layout, so that `load_dataset(<seeds folder>)` reads this run's shards."""
+        card = self.dataset_card(shard, str(self.seeds_dir), local=True)
+        atomic_write_bytes(self.seeds_dir / "README.md", str(card).encode())
 
     def write_checkpoint_pointer(self, step: int) -> None:
         """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""
@@ -465,3 +512,51 @@ class SeedSnapshotCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self.store.write_snapshot(state.global_step, final=True)
         self.store.finish_pushes()
+
+
+class SaveOnInterrupt(TrainerCallback):
+    """On Ctrl-C, finishes the current step, saves a checkpoint (and its seed shard) and stops; a second Ctrl-C aborts.
+
+    The save goes through `SeedGRPOTrainer._save_checkpoint` like any other, which writes the seed shard first. Set
+    `accelerator` to the trainer's once it exists: with several processes the flag then goes through
+    `Accelerator.set_trigger`/`check_trigger` at every step end, so that all ranks save the same step.
+    """
+
+    def __init__(self):
+        self.interrupted = False
+        self.accelerator = None
+        self._signalled = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        self._signalled = True
+        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+        print(
+            "\nInterrupted: saving a checkpoint and its seed snapshot at the end of this step (Ctrl-C again aborts).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if os.name == "posix" and hasattr(signal, "SIGINT"):
+            with contextlib.suppress(ValueError):  # not the main thread: leave Ctrl-C alone
+                self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        interrupted = self._signalled
+        if self.accelerator is not None and self.accelerator.num_processes > 1:
+            # Ranks may see the signal at different steps: every rank asks at every step, and saves where one did.
+            if interrupted:
+                self.accelerator.set_trigger()
+            interrupted = self.accelerator.check_trigger()
+        if interrupted:
+            self.interrupted = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._previous is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, self._previous)
+            self._previous = None

@@ -47,6 +47,7 @@ from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .snapshots import (
+    SEEDS_DIR,
     PendingRollout,
     SeedSnapshotCallback,
     SeedStore,
@@ -128,7 +129,10 @@ class SeedGRPOTrainer(GRPOTrainer):
             external_seeds=external_seeds,
             hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
             hub_token=args.hub_token,
+            hub_private=args.hub_private_repo if args.hub_seeds_private is None else args.hub_seeds_private,
             metrics=self._metrics["train"],
+            card_license=args.card_license,
+            trained_model_id=args.hub_model_id if args.push_to_hub else None,
             success_reward=self.reward_func_names[self._success_index],
             success_threshold=args.success_threshold,
             snapshot_steps=args.seed_snapshot_steps,
@@ -528,28 +532,89 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.seed_store.write_snapshot(self.state.global_step)
         return super()._save_checkpoint(model, trial)
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, metrics=None):
+        """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours).
+
+        The one writer of the model card: at every checkpoint (TRL calls it from `_save_checkpoint`), from
+        `push_to_hub`, and at the end of `ts_trl train` with `metrics` (e.g. held-out pass@1) added to the run means.
+        """
         if not self.is_world_process_zero():
             return
         name_or_path = getattr(self.model.config, "_name_or_path", None)
-        history = self.state.log_history
-        metrics = {}
+        card_metrics = {}
         for key in ("reward", "seeds/seeded_group_share", "seeds/reward_seeded", "seeds/reward_unseeded"):
-            values = [h[key] for h in history if key in h]
+            # TRL logs None for a window where every value was NaN (e.g. a reward that returned None for a whole
+            # batch): such windows have no mean to contribute.
+            values = [h[key] for h in self.state.log_history if isinstance(h.get(key), (int, float))]
+            values = [value for value in values if not np.isnan(value)]
             if values:
-                metrics[f"{key} (mean over training)"] = float(np.mean(values))
+                card_metrics[f"{key} (mean over training)"] = float(np.mean(values))
         card = render_model_card(
-            base_model=name_or_path if name_or_path and not os.path.isdir(name_or_path) else None,
+            base_model=name_or_path or None,
             model_name=model_name or Path(self.args.output_dir).name,
-            hub_model_id=self.args.hub_model_id,
+            hub_model_id=self.args.hub_model_id if self.args.push_to_hub else None,
             dataset_name=dataset_name,
             seed_dataset_id=self.args.hub_seed_dataset_id if self.args.push_seeds_to_hub else None,
             is_peft=hasattr(self.model, "peft_config"),
             seed_config={f.name: getattr(self.args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
-            metrics=metrics,
+            metrics={**card_metrics, **(metrics or {})},
+            license=self.args.card_license,
+            tags=[tags] if isinstance(tags, str) else (tags or []),
+            tokenizer_class=_tokenizer_class_to_load(self._tokenizer),
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # The model repo: the model, its card and tokenizer; the seeds go to their own dataset repo
+
+    def push_to_hub(self, *args, **kwargs):
+        with _seeds_kept_out_of_model_repo():
+            return super().push_to_hub(*args, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        with _seeds_kept_out_of_model_repo():
+            return super()._push_from_checkpoint(checkpoint_folder)
+
+
+def _tokenizer_class_to_load(tokenizer) -> str:
+    """What a card's snippet should load the tokenizer with: `AutoTokenizer`, unless the tokenizer is of the generic
+    fast class (e.g. `ts_trl.tiny`'s), which `AutoTokenizer` would swap for the class registered for the
+    architecture (transformers 5 does so next to a Qwen2 `config.json`, dropping the character tokenizer's spaces)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return "PreTrainedTokenizerFast" if type(tokenizer) is PreTrainedTokenizerFast else "AutoTokenizer"
+
+
+class _ModelRepoApi:
+    """The Trainer's `HfApi`, with `seeds/` added to what `upload_folder` leaves out of the model repo."""
+
+    def __init__(self, api):
+        self._api = api
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+    def upload_folder(self, *args, ignore_patterns=None, **kwargs):
+        patterns = [ignore_patterns] if isinstance(ignore_patterns, str) else list(ignore_patterns or [])
+        return self._api.upload_folder(*args, ignore_patterns=[*patterns, f"{SEEDS_DIR}/*"], **kwargs)
+
+
+@contextlib.contextmanager
+def _seeds_kept_out_of_model_repo():
+    """While the Trainer pushes `output_dir`, its uploads skip `seeds/`: the rollouts (training prompts and the model's
+    outputs) belong in the seed dataset repo, with its own visibility, not in the model repo.
+
+    `Trainer.push_to_hub` and `_push_from_checkpoint` hard-code their ignore patterns and fetch the client through
+    `transformers.trainer.hf_api()`, the one place a pattern can be added; tests/test_hub.py fails if that moves.
+    """
+    import transformers.trainer as hf_trainer
+
+    original = hf_trainer.hf_api
+    hf_trainer.hf_api = lambda: _ModelRepoApi(original())
+    try:
+        yield
+    finally:
+        hf_trainer.hf_api = original
 
 
 def _prompt_key(row: dict) -> str:

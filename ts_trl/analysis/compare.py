@@ -13,7 +13,7 @@ What it reports, per method against `none`: the difference in held-out pass@1 an
 budget where the cheapest run stops), with 95% confidence intervals from a bootstrap over RNG seeds and held-out
 prompts; and state coverage over training: `ts_trl.analysis.common.prefix_overlap`, E_q[min(1, p/q)], over prefixes
 of the warm model's rollouts on training prompts (the states every run's first checkpoint reached). Runs go in
-parallel worker processes of one torch thread each (`--jobs`). Run `python -m ts_trl.compare --help`.
+parallel worker processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
 """
 
 from __future__ import annotations

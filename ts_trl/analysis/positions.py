@@ -10,7 +10,7 @@ logp_behaviour` per token (tokens were sampled by the behaviour policy q, the cu
 - `coverage`: the share of seed prefixes, cut at the bucket's end, whose mean per-token log-prob under the current
   policy is at least `--threshold`: states the current policy still reaches with non-negligible probability.
 
-Run `python -m ts_trl.positions --help`.
+Run `ts_trl positions --help`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 For every prompt and sample, A writes a whole solution; for each ratio r it is cut at `k = floor(r * len)` (EOS not
 counted, so the prefix never ends the answer) and B continues from `prompt + A[:k]` with the budget that is left. The
 reward sees `A[:k] + continuation`. "A alone" is the reward of A's whole solutions, "B alone" that of B's own
-solutions from scratch; both are flat lines. Run `python -m ts_trl.relay --help`.
+solutions from scratch; both are flat lines. Run `ts_trl relay --help`.
 """
 
 from __future__ import annotations

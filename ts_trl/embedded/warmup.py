@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM
 
 from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
@@ -68,7 +67,7 @@ def warm_up(
     key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
     if use_cache and path.is_dir():
-        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
+        _load_weights(model, path)
         return model.eval()  # the same mode as a model fresh from `_train`
 
     with torch_threads(num_threads):
@@ -132,6 +131,22 @@ def _weights_digest(model) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _load_weights(model, path: Path) -> None:
+    """Loads the cached weights into `model` from the file itself, not through `from_pretrained`: under DeepSpeed
+    ZeRO-3 (`zero3_init_flag`) that would build a partitioned copy whose state dict holds empty tensors."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(path / "model.safetensors"), strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # not saved: it is the embedding
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(
+            f"The warm-up cache {path} does not match the model (missing {sorted(set(missing) - tied)}, unexpected "
+            f"{sorted(unexpected)}); delete that folder to rebuild it."
+        )
+    if tied:
+        model.tie_weights()
 
 
 def _save_atomically(model, tokenizer, path: Path, settings: dict) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import sys
 from collections.abc import Callable
 
 from .code import code_reward, get_code_reward
@@ -14,6 +17,8 @@ REWARDS: dict[str, Callable] = {
     "code": code_reward,
     "binary_code": get_code_reward(mode="binary"),
 }
+# The built-in task's reward, imported on first use: `ts_trl.embedded` pulls in the tiny model's code.
+LAZY_REWARDS = {"embedded": "ts_trl.embedded.task:embedded_reward"}
 
 
 def _import_callable(path: str) -> Callable:
@@ -28,16 +33,53 @@ def _import_callable(path: str) -> Callable:
 
 
 def get_reward_funcs(names: list[str]) -> list[Callable]:
-    """The reward functions named by registry name (see `REWARDS`) or dotted path (`pkg.mod:func`, `pkg.mod.func`)."""
+    """The reward functions named by registry name (`REWARDS`, `embedded`) or dotted path (`pkg.mod:func`, `pkg.mod.func`).
+
+    Like TRL's scripts, a dotted path may name a module of the working directory.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     functions = []
     for name in names:
         if name in REWARDS:
             functions.append(REWARDS[name])
+        elif name in LAZY_REWARDS:
+            functions.append(_import_callable(LAZY_REWARDS[name]))
         elif "." in name or ":" in name:
             functions.append(_import_callable(name))
         else:
-            raise ValueError(f"Unknown reward {name!r}; known rewards are {sorted(REWARDS)}, or give `pkg.mod:func`.")
+            known = sorted([*REWARDS, *LAZY_REWARDS])
+            raise ValueError(f"Unknown reward {name!r}; known rewards are {known}, or give `pkg.mod:func`.")
     return functions
 
 
-__all__ = ["REWARDS", "code_reward", "format_reward", "get_code_reward", "get_reward_funcs", "math_reward"]
+def check_reward_columns(dataset, reward_funcs: list[Callable]) -> None:
+    """Fails early when a reward needs a column the data lacks (TRL passes every column to rewards as a keyword)."""
+    columns = set(getattr(dataset, "column_names", None) or [])
+    for function in reward_funcs:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        for parameter in parameters:
+            required = parameter.default is inspect.Parameter.empty and parameter.kind in (
+                parameter.POSITIONAL_OR_KEYWORD,
+                parameter.KEYWORD_ONLY,
+            )
+            if required and parameter.name not in {"completions", "prompts", "completion_ids"} | columns:
+                name = getattr(function, "__name__", repr(function))
+                raise ValueError(
+                    f"Reward {name} needs a column {parameter.name!r}, the data has {sorted(columns)}. Name the right "
+                    "one with --answer_column (or --domain code for tests)."
+                )
+
+
+__all__ = [
+    "REWARDS",
+    "check_reward_columns",
+    "code_reward",
+    "format_reward",
+    "get_code_reward",
+    "get_reward_funcs",
+    "math_reward",
+]

@@ -1,0 +1,123 @@
+"""The report a `ts_trl.train` run ends with: held-out pass@1 on the built-in task, seeding statistics, what was written.
+
+It is printed as aligned text and saved as `<output_dir>/report.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+# Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
+MEAN_METRICS = (
+    "seeds/seeded_group_share",
+    "seeds/reward_seeded",
+    "seeds/reward_unseeded",
+    "seeds/prefix_len_mean",
+    "seeds/seed_age_mean",
+)
+REPORT_FILE = "report.json"
+
+
+def held_out_pass_at_1(trainer, dataset, num_samples: int) -> float | None:
+    """Sampled pass@1 of the built-in task's held-out set at the training temperature (None when there is none)."""
+    if dataset is None or len(dataset) == 0 or not trainer.accelerator.is_main_process:
+        return None
+    if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: generate() outside the engine would see none
+        return None
+    from . import embedded_reward, pass_at_1
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return pass_at_1(
+        model,
+        trainer.processing_class,
+        dataset,
+        embedded_reward,
+        max_new_tokens=trainer.args.max_completion_length,
+        temperature=trainer.args.temperature,
+        num_samples=num_samples,
+        seed=trainer.args.seed,
+    )
+
+
+def seed_statistics(trainer) -> dict:
+    """Run means of the seeding metrics TRL logged, the bank's final size, and counts read from the seed dataset."""
+    history = trainer.state.log_history
+    stats = {}
+    for name in MEAN_METRICS:
+        values = [h[name] for h in history if isinstance(h.get(name), (int, float)) and h[name] == h[name]]
+        if values:
+            stats[name.removeprefix("seeds/")] = sum(values) / len(values)
+    stats["bank_size"] = len(trainer.seed_bank)  # the bank itself, not the last logging window's mean
+    manifest = Path(trainer.args.output_dir) / "seeds" / "manifest.json"
+    if manifest.is_file():
+        import pyarrow.parquet as pq
+
+        shards = json.loads(manifest.read_text())["shards"]
+        rows = [pq.read_table(manifest.parent / s["file"], columns=["seed_origin"]) for s in shards]
+        origins = [o for table in rows for o in table.column("seed_origin").to_pylist()]
+        stats["rollouts"] = len(origins)
+        stats["continuations"] = sum(o is not None for o in origins)
+        stats["shards"] = len(shards)
+    return stats
+
+
+def last_checkpoint_of_run(trainer) -> str | None:
+    """The newest checkpoint this run saved, at or before its last step (a folder may hold later, stale ones)."""
+    output_dir = Path(trainer.args.output_dir)
+    steps = [
+        int(path.name.rsplit("-", 1)[1])
+        for path in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+        if path.name.rsplit("-", 1)[1].isdigit() and (path / "trainer_state.json").is_file()
+    ]
+    steps = [step for step in steps if step <= trainer.state.global_step]
+    return str(output_dir / f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
+
+
+def format_report(report: dict, title: str) -> str:
+    """The final report as aligned text lines."""
+    lines = ["", "=" * 72, title]
+
+    def show(value):
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    for key, value in report.items():
+        if isinstance(value, dict):
+            lines.append(f"  {key}")
+            lines += [f"    {name:<22} {show(item)}" for name, item in value.items()]
+        else:
+            lines.append(f"  {key:<24} {show(value)}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) -> dict:
+    """Prints the final report and saves it as `report.json` in the output directory (main process)."""
+    output_dir = Path(trainer.args.output_dir)
+    seeds = output_dir / "seeds"
+    report = {
+        **metrics,
+        "seeds": seed_statistics(trainer),
+        "steps": trainer.state.global_step,
+        "minutes": (time.time() - start) / 60,
+        "model": str(output_dir),
+        "last_checkpoint": last_checkpoint_of_run(trainer),
+        "seed_dataset": str(seeds),
+        "model_card": str(output_dir / "README.md"),
+        **({"dataset_card": str(seeds / "README.md")} if (seeds / "README.md").is_file() else {}),
+        "report": str(output_dir / REPORT_FILE),
+    }
+    if (output_dir / "learning_curve.png").is_file():
+        report["learning_curve"] = str(output_dir / "learning_curve.png")
+    if trainer.accelerator.is_main_process:
+        title = (
+            f"Thinking Seeds run interrupted at step {report['steps']}"
+            if interrupted
+            else "Thinking Seeds run finished"
+        )
+        print(format_report(report, title), flush=True)
+        (output_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report

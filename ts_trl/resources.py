@@ -1,0 +1,31 @@
+"""Files shipped with the package: card templates, recipes and accelerate configs.
+
+In a wheel they are the package data `ts_trl.model_cards`, `ts_trl.recipes` and `ts_trl.accelerate_configs`
+(pyproject.toml maps the top-level folders there); in a source checkout they are the top-level folders themselves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+KINDS = ("model_cards", "recipes", "accelerate_configs")
+
+
+def packaged_folder(kind: str) -> Path | None:
+    """The folder of `kind` (one of `KINDS`): installed package data, else the checkout's top-level folder."""
+    if kind not in KINDS:
+        raise ValueError(f"Unknown kind of packaged file {kind!r}; one of {KINDS}.")
+    package = Path(__file__).resolve().parent
+    # Installed: site-packages/ts_trl/<kind>/ (a data folder, not an importable package); else the checkout's.
+    for candidate in (package / kind, package.parent / kind):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def packaged_file(kind: str, name: str) -> Path | None:
+    """The shipped file `name` of `kind`, or None when there is none."""
+    folder = packaged_folder(kind)
+    if folder is None or not (folder / name).is_file():
+        return None
+    return folder / name
