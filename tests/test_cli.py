@@ -471,6 +471,10 @@ def test_embedded_default_end_to_end_in_miniature(tmp_path, monkeypatch):
     assert report["report"] == str(output_dir / "report.json")
     assert Path(report["model_card"]).is_file() and Path(report["dataset_card"]).is_file()
     assert Path(report["last_checkpoint"]).name == "checkpoint-3"
+    assert (
+        Path(report["learning_curve"]) == output_dir / "learning_curve.png"
+        and output_dir.joinpath("learning_curve.csv").read_text().count("held_out_pass@1") == 2
+    )  # steps 0 and 3: the report's before and after
     card = ModelCard(Path(report["model_card"]).read_text())
     assert card.data.license == "apache-2.0" and not card.data.base_model and not card.data.datasets  # no made-up ids
 

@@ -440,24 +440,27 @@ def test_commands_dispatch_and_module_entry_points(capsys):
 
 
 def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
+    """A shrunk `compare --quick` end to end: its printed tables are recomputed from the CSVs it wrote."""
     import csv
 
-    pytest.importorskip("ts_trl.embedded.warmup")
     from ts_trl.__main__ import main
+    from ts_trl.analysis import compare
 
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))  # a fresh 2-step warm-up, not the user's cache
     out = tmp_path / "compare"
-    status = main(
-        ["compare", "--quick", "--methods", "none", "seeds-state", "--num-seeds", "2", "--steps", "2",
-         "--n-train", "8", "--n-eval", "4", "--eval-samples", "1", "--warmup-steps", "2", "--output-dir", str(out)]
-    )  # fmt: skip
+    argv = ["compare", "--quick", "--methods", "seeds-state", "--num-seeds", "2", "--steps", "3", "--n-train", "8",
+            "--n-eval", "4", "--eval-samples", "8", "--eval-every", "1", "--n-probe", "4", "--warmup-steps", "2",
+            "--prompts-per-step", "4", "--jobs", "1", "--output-dir", str(out)]  # fmt: skip
+    status = main(argv)
     printed = capsys.readouterr().out
-    assert status == 0 and f"wrote {out / 'compare.md'}" in printed
+    assert status == 0 and f"{out / 'compare.md'}" in printed
     assert (out / "compare.png").stat().st_size > 10_000
     runs = list(csv.DictReader(open(out / "compare.csv")))
+    # 'none' always runs: it is what the others are paired with. Two methods only: replay and seeds-action train
+    # through the same code, tested above; CI time is short.
     assert sorted((r["method"], r["seed"]) for r in runs) == sorted(
         (m, s) for m in ("none", "seeds-state") for s in ("0", "1")
-    )  # two methods only: replay and seeds-action train through the same code, tested above; CI time is short
+    )
     table = [line.split("|")[1:-1] for line in printed.splitlines() if line.startswith("| ") and "±" in line]
     table = [cells for cells in table if cells[0].strip() != "method"]
     assert len(table) == 2
@@ -467,14 +470,126 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
         scores = np.array([float(r["pass_at_1"]) for r in chosen])
         mean, std = (float(x) for x in cells[1].split("±"))
         assert mean == pytest.approx(scores.mean(), abs=5e-4) and std == pytest.approx(scores.std(ddof=1), abs=5e-4)
+        assert float(cells[3]) == pytest.approx(np.mean([float(r["pass_at_8"]) for r in chosen]), abs=5e-4)
+        assert float(cells[4]) == pytest.approx(np.mean([float(r["coverage"]) for r in chosen]), abs=5e-4)
         tokens = np.mean([int(r["generated_tokens"]) for r in chosen])
-        assert float(cells[3].replace(",", "")) == pytest.approx(tokens, abs=0.5)
-        assert all(int(r["steps"]) == 2 for r in chosen)
-    reused = {r["method"]: int(r["reused_tokens"]) for r in runs}
-    assert reused["none"] == 0
+        assert float(cells[5].replace(",", "")) == pytest.approx(tokens, abs=0.5)
+        assert all(int(r["steps"]) == 3 for r in chosen)
+    assert {r["method"]: int(r["reused_tokens"]) for r in runs}["none"] == 0
+
+    # Per-prompt scores: every run at steps 0..3, and the final pass@1 / pass@8 of compare.csv recomputed from them.
+    prompts = list(csv.DictReader(open(out / "prompts.csv")))
+    for run in runs:
+        rows = [p for p in prompts if (p["method"], p["seed"]) == (run["method"], run["seed"])]
+        assert sorted({int(p["step"]) for p in rows}) == [0, 1, 2, 3]
+        last = [p for p in rows if p["step"] == "3"]
+        assert len(last) == 4 and all(p["samples"] == "8" for p in last)
+        pass1 = np.mean([int(p["passes"]) / 8 for p in last])
+        pass8 = np.mean([int(p["passes"]) > 0 for p in last])
+        assert float(run["pass_at_1"]) == pytest.approx(pass1) and float(run["pass_at_8"]) == pytest.approx(pass8)
+        assert float(last[0]["generated_tokens"]) == pytest.approx(int(run["generated_tokens"]), abs=0.5)
+    # Step 0 is the same warm model for both methods at one seed: common random numbers.
+    start = {(p["method"], p["seed"], p["prompt"]): p["passes"] for p in prompts if p["step"] == "0"}
+    assert all(start[("none", s, j)] == start[("seeds-state", s, j)] for _, s, j in start)
+    # The paired-difference lines are those of the statistics recomputed from prompts.csv.
+    differences = compare.paired_differences(compare.read_csv(out / "prompts.csv"))
+    assert {(d["metric"], d["at_equal"]) for d in differences} == {
+        (m, b) for m in ("pass@1", "pass@8") for b in ("steps", "tokens")
+    }
+    for d in differences:
+        line = next(line for line in printed.splitlines() if line.startswith(f"| {d['method']} | {d['metric']} |"))
+        cell = line.split("|")[3 if d["at_equal"] == "steps" else 4]
+        assert f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" in cell
+    coverage = [c for c in csv.DictReader(open(out / "curves.csv")) if c["kind"] == "coverage"]
+    assert {c["step"] for c in coverage} == {"0", "1", "2", "3"} and all(0 < float(c["value"]) <= 1 for c in coverage)
+    # At step 0 the policy is the warm model that sampled the reference states: p = q, full coverage.
+    assert all(float(c["value"]) == pytest.approx(1.0, abs=1e-4) for c in coverage if c["step"] == "0")
     # every run banked its rollouts as a seed dataset that `positions` can read
     assert (out / "runs" / "seeds-state-seed0" / "seeds" / "manifest.json").exists()
     assert (out / "runs" / "none-seed0" / "final" / "config.json").exists()
+
+    # Run again with the same settings: every finished run is reused (nothing trains), and the tables are the same.
+    before = (out / "compare.csv").read_text()
+    monkeypatch.setattr(compare, "_train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    assert main(argv) == 0 and (out / "compare.csv").read_text() == before
+
+
+def _prompt_rows(method, seed, points):
+    """prompts.csv rows of one run: points are (step, generated tokens, [passes per prompt]) with 8 samples each."""
+    return [
+        {"method": method, "seed": seed, "step": step, "prompt": j, "passes": passes, "samples": 8,
+         "generated_tokens": tokens}
+        for step, tokens, per_prompt in points
+        for j, passes in enumerate(per_prompt)
+    ]  # fmt: skip
+
+
+def _through_csv(tmp_path, rows):
+    from ts_trl.analysis.common import write_csv
+    from ts_trl.analysis.compare import read_csv
+
+    write_csv(tmp_path / "prompts.csv", rows)
+    return read_csv(tmp_path / "prompts.csv")
+
+
+def test_paired_bootstrap_ci_recomputed_by_hand(tmp_path):
+    """The CI is a two-way bootstrap (RNG seeds, then prompts, with replacement) of the paired per-prompt differences."""
+    from ts_trl.analysis.compare import paired_differences
+
+    none = {0: [0, 2, 4, 8], 1: [1, 1, 3, 6], 2: [0, 0, 2, 8]}
+    seeds = {0: [2, 2, 6, 8], 1: [1, 4, 3, 7], 2: [3, 1, 2, 8]}
+    rows = []
+    for s in range(3):
+        rows += _prompt_rows("none", s, [(0, 0, [0, 0, 0, 0]), (10, 1000, none[s])])
+        rows += _prompt_rows("seeds-state", s, [(0, 0, [0, 0, 0, 0]), (10, 1000, seeds[s])])
+    found = {(d["metric"], d["at_equal"]): d for d in paired_differences(_through_csv(tmp_path, rows))}
+    d = found[("pass@1", "steps")]
+    matrix = np.array([[(a - b) / 8 for a, b in zip(seeds[s], none[s])] for s in range(3)])
+    rng = np.random.default_rng(0)
+    replicates = []
+    for _ in range(2000):
+        rows_drawn = rng.integers(3, size=3)
+        columns = rng.integers(4, size=4)
+        replicates.append(np.mean([matrix[r, c] for r in rows_drawn for c in columns]))
+    assert d["difference"] == pytest.approx(matrix.mean()) == pytest.approx(12 / 96)
+    assert (d["ci_low"], d["ci_high"]) == pytest.approx(tuple(np.percentile(replicates, [2.5, 97.5])))
+    assert d["ci_low"] < d["difference"] < d["ci_high"] and d["significant"] == (d["ci_low"] > 0)
+    # pass@8 per prompt is "any of the 8 passed"; both runs stop at the same tokens, so equal tokens = equal steps.
+    pass8 = np.array([[(a > 0) - (b > 0) for a, b in zip(seeds[s], none[s])] for s in range(3)])
+    assert found[("pass@8", "steps")]["difference"] == pytest.approx(pass8.mean())
+    assert found[("pass@1", "tokens")]["difference"] == pytest.approx(d["difference"])
+
+
+def test_constant_paired_difference_has_a_zero_width_interval(tmp_path):
+    from ts_trl.analysis.compare import paired_differences
+
+    rows = []
+    for s in range(2):
+        rows += _prompt_rows("none", s, [(0, 0, [1, 2, 3]), (4, 500, [2, 3, 4])])
+        rows += _prompt_rows("replay", s, [(0, 0, [1, 2, 3]), (4, 500, [4, 5, 6])])
+    d = next(d for d in paired_differences(_through_csv(tmp_path, rows)) if d["metric"] == "pass@1")
+    assert d["difference"] == d["ci_low"] == d["ci_high"] == pytest.approx(2 / 8) and d["significant"]
+
+
+def test_equal_token_comparison_interpolates_each_curve_where_the_cheapest_run_stops(tmp_path):
+    """Seeds stop at 600 generated tokens, on-policy at 1000: on-policy is read at 600 on its straight segment."""
+    from ts_trl.analysis.compare import paired_differences
+
+    rows = []
+    for s in range(2):
+        rows += _prompt_rows("none", s, [(0, 0, [0, 0]), (5, 400, [2, 4]), (10, 1000 + s, [8, 4])])
+        rows += _prompt_rows("seeds-state", s, [(0, 0, [0, 0]), (5, 300, [1, 1]), (10, 600 + 100 * s, [6, 2])])
+    found = {(d["metric"], d["at_equal"]): d for d in paired_differences(_through_csv(tmp_path, rows))}
+    tokens = found[("pass@1", "tokens")]
+    assert tokens["budget"] == 600  # the smallest final token count of any run
+    # none at 600: a third of the way from 400 to 1000 (to 1001 for seed 1); seeds-state at 600: its end (seed 0),
+    # or 3/4 of the way from 300 to 700 (seed 1).
+    none_at = [[2 + (8 - 2) * 200 / (1000 + s - 400), 4.0] for s in range(2)]
+    seeds_at = [[6.0, 2.0], [1 + (6 - 1) * 300 / 400, 1 + (2 - 1) * 300 / 400]]
+    expected = np.mean([[(a - b) / 8 for a, b in zip(seeds_at[s], none_at[s])] for s in range(2)])
+    assert tokens["difference"] == pytest.approx(expected)
+    steps = found[("pass@1", "steps")]
+    assert steps["budget"] == 10 and steps["difference"] == pytest.approx(np.mean([6 - 8, 2 - 4]) / 8)
 
 
 def test_compare_rejects_bad_budget(capsys):
@@ -482,3 +597,5 @@ def test_compare_rejects_bad_budget(capsys):
 
     assert main(["compare", "--steps", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."
+    assert main(["compare", "--steps", "4", "--n-train", "256"]) == 2  # 4 x 32 prompts never come back: no seeds
+    assert "never brings a training prompt back" in capsys.readouterr().err

@@ -80,6 +80,63 @@ def test_difficulty_changes_the_problems():
         EmbeddedTask(difficulty=0)
 
 
+def test_a_difficulty_mix_draws_every_level_and_keeps_the_split():
+    task = EmbeddedTask(difficulty=3, min_difficulty=1)
+    train, held_out = task.make_splits(600, 150)
+    counts = {n: 0 for n in (2, 3, 4)}
+    for prompt in train["prompt"]:
+        counts[len(Problem.from_prompt(prompt).operands)] += 1
+    # Levels are drawn equally often, but two numbers from 1-19 make only 171 problems, some of them held out or
+    # repeated, so that level ends up a little short of its third.
+    assert 120 <= counts[2] < 200 and all(180 <= counts[n] <= 260 for n in (3, 4)), counts
+    assert not operand_sets(train) & operand_sets(held_out)
+    assert task.max_completion_tokens == EmbeddedTask(difficulty=3).max_completion_tokens
+    # One level (the default) draws exactly the problems it always drew.
+    assert (
+        EmbeddedTask(difficulty=2, min_difficulty=2).make_splits(30, 5)[0]["prompt"]
+        == (EmbeddedTask(difficulty=2).make_splits(30, 5)[0]["prompt"])
+    )
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="min_difficulty"):
+            EmbeddedTask(difficulty=3, min_difficulty=bad)
+
+
+def test_learning_curve_is_written_through_train(tokenizer, tmp_path):
+    """The embedded default's callback: held-out pass@1 at steps 0, 1, 2 and the training reward, as CSV and PNG."""
+    import csv
+
+    from tests.conftest import TINY_SETTINGS
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+    from ts_trl.embedded.curve import LearningCurve
+
+    model = small_model(tokenizer)
+    train, held_out = EmbeddedTask(difficulty=1).make_splits(8, 4)
+    reference = pass_at_1(model, tokenizer, held_out, embedded_reward, max_new_tokens=12, num_samples=2, seed=3)
+    config = SeedGRPOConfig(
+        **{
+            **TINY_SETTINGS,
+            "output_dir": str(tmp_path),
+            "max_steps": 2,
+            "logging_steps": 1,
+            "max_completion_length": 12,
+        }
+    )
+    curve = LearningCurve(held_out, every=1, num_samples=2, max_new_tokens=12, temperature=1.0, seed=3)
+    trainer = SeedGRPOTrainer(
+        model=model, reward_funcs=embedded_reward, args=config, train_dataset=train, processing_class=tokenizer,
+        callbacks=[curve],
+    )  # fmt: skip
+    trainer.train()
+    rows = list(csv.DictReader(open(tmp_path / "learning_curve.csv")))
+    held = {int(r["step"]): float(r["value"]) for r in rows if r["kind"] == "held_out_pass@1"}
+    assert sorted(held) == [0, 1, 2] and held[0] == reference  # step 0 is the untrained model, same sampling seed
+    assert held[2] == pass_at_1(model, tokenizer, held_out, embedded_reward, max_new_tokens=12, num_samples=2, seed=3)
+    rewards = [float(r["value"]) for r in rows if r["kind"] == "train_reward"]
+    logged = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    assert rewards == pytest.approx(logged) and len(rewards) == 2
+    assert (tmp_path / "learning_curve.png").stat().st_size > 5_000
+
+
 def small_model(tokenizer):
     # Smaller than the default so that the cache tests spend their time on the cache, not on training.
     return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, max_positions=64, seed=1)

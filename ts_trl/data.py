@@ -170,7 +170,11 @@ def load_training_data(script_args, seed: int = 0, with_eval: bool = False):
     if script_args.dataset_name is None and script_args.dataset_path is None:
         from .embedded import EmbeddedTask
 
-        task = EmbeddedTask(difficulty=script_args.embedded_difficulty, seed=seed)
+        task = EmbeddedTask(
+            difficulty=script_args.embedded_difficulty,
+            min_difficulty=getattr(script_args, "embedded_min_difficulty", None),
+            seed=seed,
+        )
         return task.make_splits(script_args.embedded_train_problems, script_args.embedded_eval_problems)
 
     def read(split):

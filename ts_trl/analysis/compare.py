@@ -1,22 +1,31 @@
-"""The four methods on the embedded task with the same budget, over several RNG seeds: table and learning curves.
+"""The methods on the embedded task with the same budget over several RNG seeds: paired differences, curves, coverage.
 
 Methods: `none` (on-policy GRPO), `replay` (whole old rollouts in the group, truncated IS), `seeds-action` (Thinking
-Seeds with prefix actions trained) and `seeds-state` (Thinking Seeds, the method). Every run starts from the same
+Seeds with prefix actions trained), `seeds-state` (Thinking Seeds, the method, uniform seed selection) and, on
+request, `seeds-state-success` / `-failure` / `-passrate` (the other seed selections). Every run starts from the same
 warmed-up tiny model (the warm-up is cached), trains the same number of optimizer steps on the same prompts, and is
-scored by sampled pass@1 on the held-out split with the same sampling seed (common random numbers). Generated tokens
-are counted apart from seed-prefix and replayed tokens, which cost no generation.
+scored on the held-out split with the same sampling seed per RNG seed (common random numbers), so that methods are
+compared *paired*: per RNG seed and per held-out prompt. Generated tokens are counted apart from seed-prefix and
+replayed tokens, which cost no generation.
 
-The learning curve is the training reward of *plain* groups (neither seeded nor replayed: the policy from the prompt),
-so the methods are compared on the same quantity. Run `ts_trl compare --help`.
+What it reports, per method against `none`: the difference in held-out pass@1 and pass@8 at equal optimizer steps
+(the end of training) and at equal generated tokens (each run's curve interpolated linearly, per prompt, at the
+budget where the cheapest run stops), with 95% confidence intervals from a bootstrap over RNG seeds and held-out
+prompts; and state coverage over training: `ts_trl.analysis.common.prefix_overlap`, E_q[min(1, p/q)], over prefixes
+of the warm model's rollouts on training prompts (the states every run's first checkpoint reached). Runs go in
+parallel worker processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import csv
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -26,8 +35,16 @@ METHODS = {
     "none": {"seed_method": "none"},
     "replay": {"seed_method": "replay"},
     "seeds-action": {"seed_method": "seeds", "prefix_mode": "action"},
-    "seeds-state": {"seed_method": "seeds", "prefix_mode": "state"},
+    "seeds-state": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "uniform"},
+    "seeds-state-success": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "success"},
+    "seeds-state-failure": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "failure"},
+    "seeds-state-passrate": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "passrate"},
 }
+DEFAULT_METHODS = ["none", "replay", "seeds-action", "seeds-state"]
+BASELINE = "none"
+PASS_K = 8
+COVERAGE_CUT = 0.5  # states are the first half (in tokens) of the warm model's rollouts
+BOOTSTRAP_SAMPLES = 2000
 
 
 @dataclass
@@ -43,111 +60,284 @@ class Budget:
     eval_samples: int
     eval_every: int
     warmup_steps: int
+    num_seeds: int
+    n_probe: int
 
 
-# The embedded default's settings (ts_trl/train.py): same warm-up (hence the same cache), 8 groups of 8 per step, and
-# 64 training prompts, so each prompt comes back every 8 steps and finds seeds.
-FULL = Budget(160, 64, 256, 8, 8, 40, 4, 20, 600)
-QUICK = Budget(40, 64, 128, 8, 8, 40, 4, 0, 600)
+# The embedded default's task and training settings (ts_trl/cli.py EMBEDDED_DEFAULTS): same warm-up (hence the same
+# cache), 32 groups of 8 per step, the same training prompts and learning rate. Held-out: 8 samples for pass@8.
+FULL = Budget(200, 1024, 128, 32, 8, 32, 8, 40, 600, 5, 64)
+QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
+DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ts_trl compare", description=__doc__.split("\n")[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--num-seeds", type=int, default=3, help="RNG seeds per method (0, 1, ...).")
+    parser.add_argument(
+        "--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS), help="'none' is always run."
+    )
+    parser.add_argument("--num-seeds", type=int, help="RNG seeds per method (0, 1, ...); 5 in the full run.")
     parser.add_argument("--quick", action="store_true", help="A small budget that finishes in minutes on 2 CPU cores.")
     parser.add_argument("--steps", type=int, help="Optimizer steps per run (overrides the budget's).")
     parser.add_argument("--n-train", type=int, help="Training prompts.")
-    parser.add_argument("--n-eval", type=int, help="Held-out prompts for pass@1.")
-    parser.add_argument("--eval-samples", type=int, help="Samples per held-out prompt.")
-    parser.add_argument("--eval-every", type=int, help="Also score held-out pass@1 every N steps (0: start and end).")
+    parser.add_argument("--prompts-per-step", type=int, help="Prompt groups per optimizer step.")
+    parser.add_argument("--n-eval", type=int, help="Held-out prompts.")
+    parser.add_argument(
+        "--eval-samples", type=int, help=f"Samples per held-out prompt (>= {PASS_K} for pass@{PASS_K})."
+    )
+    parser.add_argument("--eval-every", type=int, help="Also score the held-out set every N steps (0: start and end).")
     parser.add_argument("--warmup-steps", type=int, help="Supervised warm-up steps (cached across runs).")
-    parser.add_argument("--difficulty", type=int, default=2, help="Additions per problem of the embedded task.")
+    parser.add_argument("--n-probe", type=int, help="Training prompts whose warm-model states coverage follows.")
+    parser.add_argument("--difficulty", type=int, default=DIFFICULTY, help="Most additions per problem.")
+    parser.add_argument("--min-difficulty", type=int, default=MIN_DIFFICULTY, help="Fewest additions per problem.")
     parser.add_argument("--seed-fraction", type=float, default=0.5, help="Share of groups seeded / replayed.")
-    parser.add_argument("--learning-rate", type=float, default=1e-4, help="The embedded default's (3e-4 collapsed).")
-    parser.add_argument("--output-dir", default="compare", help="Where compare.md, compare.csv, compare.png go.")
+    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="The embedded default's.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time, one process and one torch thread each.")
+    parser.add_argument("--output-dir", default="compare", help="Where compare.md, the CSVs and compare.png go.")
     return parser
 
 
 def budget_from(args) -> Budget:
     budget = copy.copy(QUICK if args.quick else FULL)
-    for name in ("steps", "n_train", "n_eval", "eval_samples", "eval_every", "warmup_steps"):
+    names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")
+    for name in (*names, "num_seeds", "n_probe"):
         if getattr(args, name) is not None:
             setattr(budget, name, getattr(args, name))
-    for name in ("steps", "n_train", "n_eval", "eval_samples", "warmup_steps"):
+    for name in (
+        "steps",
+        "n_train",
+        "prompts_per_step",
+        "n_eval",
+        "eval_samples",
+        "warmup_steps",
+        "num_seeds",
+        "n_probe",
+    ):
         if getattr(budget, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(budget, name)}.")
     if budget.n_train < budget.prompts_per_step:
         raise InputError(
             f"--n-train must be at least the {budget.prompts_per_step} prompts one step draws, got {budget.n_train}."
         )
-    if args.num_seeds < 1:
-        raise InputError(f"--num-seeds must be positive, got {args.num_seeds}.")
+    if budget.steps * budget.prompts_per_step <= budget.n_train and set(args.methods) - {BASELINE}:
+        raise InputError(
+            f"--steps {budget.steps} x {budget.prompts_per_step} prompts never brings a training prompt back out of "
+            f"{budget.n_train}, so no run would find a seed; raise --steps or lower --n-train."
+        )
     if not 0.0 < args.seed_fraction <= 1.0:
         raise InputError(f"--seed-fraction must lie in (0, 1], got {args.seed_fraction}.")
+    if args.jobs < 1:
+        raise InputError(f"--jobs must be positive, got {args.jobs}.")
     return budget
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
+    args.methods = [BASELINE] + [m for m in dict.fromkeys(args.methods) if m != BASELINE]
     budget = budget_from(args)
     quiet_libraries()
     from tqdm.auto import tqdm
 
-    from ..embedded.task import EmbeddedTask, embedded_reward
     from ..embedded.warmup import build_warm_model
 
     out = output_dir(args.output_dir)
     started = time.time()
-    task = EmbeddedTask(difficulty=args.difficulty, seed=0)
-    train_set, eval_set = task.make_splits(budget.n_train, budget.n_eval)
+    task = _task(args)
+    train_set, _ = task.make_splits(budget.n_train, budget.n_eval)
     warm_model, tokenizer = build_warm_model(task, steps=budget.warmup_steps, progress=True)
     warm_model.save_pretrained(out / "warm")
     tokenizer.save_pretrained(out / "warm")
+    _write_probe(warm_model, tokenizer, train_set, budget, out / "probe.json")
 
-    def evaluate(model, seed) -> float:
-        from ..embedded.evaluate import pass_at_1
-
-        return pass_at_1(
-            model,
-            tokenizer,
-            eval_set,
-            embedded_reward,
-            budget.max_completion_length,
-            num_samples=budget.eval_samples,
-            seed=1000 + seed,  # the same sampling noise for every method at a given seed
-        )
-
-    seeds = list(range(args.num_seeds))
-    start_scores = {seed: evaluate(warm_model, seed) for seed in tqdm(seeds, desc="held-out pass@1 of the warm model")}
-    results, curves = [], []
-    progress = tqdm(total=len(args.methods) * len(seeds) * budget.steps, desc="training", unit="step")
-    for method in args.methods:
-        for seed in seeds:
-            progress.set_description(f"training {method} seed {seed}")
-            result, curve = run_one(
-                method, seed, copy.deepcopy(warm_model), tokenizer, train_set, budget, args, out, progress, evaluate
-            )
-            result["pass_at_1_start"] = start_scores[seed]
-            results.append(result)
-            curves.extend(curve)
-            curves.append({"method": method, "seed": seed, "step": 0, "kind": "eval", "value": start_scores[seed]})
-    progress.close()
-
-    runs_path, curves_path = out / "compare.csv", out / "curves.csv"
-    table_path, plot_path = out / "compare.md", out / "compare.png"
-    write_csv(runs_path, results)
-    write_csv(curves_path, curves)
-    table = format_table(summarize(results), budget, args, time.time() - started)
-    table_path.write_text(table + "\n")
-    plot(curves, plot_path, budget, args)
+    settings = {"budget": asdict(budget), **{k: v for k, v in vars(args).items() if k != "methods"}}
+    # Seed-major order, so that the runs finished at any moment are complete pairs; each job's output is saved as it
+    # ends, and a rerun with the same settings reuses it (an interrupted comparison resumes where it stopped).
+    jobs = []
+    for seed in range(budget.num_seeds):
+        jobs.append({"kind": "start", "seed": seed, "method": None})
+        jobs += [{"kind": "train", "seed": seed, "method": m} for m in args.methods]
+    jobs = [{**job, "settings": settings, "out": str(out)} for job in jobs]
+    outputs = [saved for job in jobs if (saved := _saved_output(job)) is not None]
+    pending = [job for job in jobs if _saved_output(job) is None]
+    with tqdm(total=len(jobs), initial=len(outputs), desc=f"runs ({args.jobs} at a time)", unit="run") as progress:
+        for done in _map(_run_job, pending, args.jobs):
+            outputs.append(done)
+            progress.update(1)
+            if done["kind"] == "train" and len(outputs) < len(jobs):  # partial tables while the rest runs
+                _report(outputs, budget, args, out, time.time() - started, partial=True)
+    table, results, paths = _report(outputs, budget, args, out, time.time() - started, partial=False)
     print(table)
-    print(f"wrote {table_path}, {runs_path}, {curves_path} and {plot_path}")
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return results
 
 
-def run_one(method, seed, model, tokenizer, train_set, budget, args, out, progress, evaluate):
-    """Trains one method at one RNG seed; returns its result row and its curve points."""
+def _output_path(job: dict) -> Path:
+    name = f"start-seed{job['seed']}" if job["kind"] == "start" else f"{job['method']}-seed{job['seed']}"
+    return Path(job["out"]) / "runs" / name / "output.json"
+
+
+def _comparable(settings: dict) -> dict:
+    """The settings a saved run must share to be reused: all but where and how many at a time, and the seed count."""
+    budget = {k: v for k, v in settings["budget"].items() if k != "num_seeds"}
+    return {**{k: v for k, v in settings.items() if k not in ("jobs", "output_dir", "num_seeds")}, "budget": budget}
+
+
+def _saved_output(job: dict) -> dict | None:
+    path = _output_path(job)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["output"] if _comparable(saved["settings"]) == _comparable(job["settings"]) else None
+
+
+def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float, partial: bool):
+    """Writes the CSVs, the table and the plot from the finished runs (while others run: `partial`)."""
+    starts = {o["seed"]: o for o in outputs if o["kind"] == "start"}
+    results, curves, prompts = [], [], []
+    for o in (o for o in outputs if o["kind"] == "train" and o["seed"] in starts):
+        results.append({**o["result"], "pass_at_1_start": starts[o["seed"]]["pass_at_1"]})
+        start = starts[o["seed"]]
+        curves += [
+            {"method": o["method"], "seed": o["seed"], "step": 0, "kind": kind, "value": start[kind]}
+            for kind in start
+            if kind.startswith("pass_at_") or kind == "coverage"
+        ] + o["curves"]
+        start_rows = [{**row, "method": o["method"], "generated_tokens": 0.0} for row in starts[o["seed"]]["prompts"]]
+        prompts += start_rows + o["prompts"]
+    order = {m: i for i, m in enumerate(args.methods)}
+    results.sort(key=lambda r: (order[r["method"]], r["seed"]))
+    paths = {name: out / name for name in ("compare.csv", "curves.csv", "prompts.csv", "compare.md", "compare.png")}
+    if not results:
+        return "", results, paths
+    write_csv(paths["compare.csv"], results)
+    write_csv(paths["curves.csv"], curves)
+    write_csv(paths["prompts.csv"], prompts)
+    differences = paired_differences(read_csv(paths["prompts.csv"]))
+    table = format_table(summarize(results), differences, budget, args, elapsed)
+    if partial:
+        table = f"PARTIAL: {len(results)} of {len(args.methods) * budget.num_seeds} runs finished.\n\n{table}"
+    paths["compare.md"].write_text(table + "\n")
+    plot(read_csv(paths["curves.csv"]), paths["compare.png"], budget, args)
+    return table, results, paths
+
+
+def _task(args):
+    from ..embedded.task import EmbeddedTask
+
+    return EmbeddedTask(difficulty=args.difficulty, min_difficulty=args.min_difficulty, seed=0)
+
+
+def _map(function, items, jobs):
+    """`map` over worker processes (spawned: no forked torch state), or in this process when `jobs` is 1."""
+    if jobs == 1:
+        yield from map(function, items)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for future in as_completed([pool.submit(function, item) for item in items]):
+            yield future.result()
+
+
+def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> None:
+    """Samples the warm model's rollouts on the first training prompts and keeps their first half as coverage states.
+
+    Stores each prefix with its log-probability under the warm model (q), so that a run scores only log p.
+    """
+    from ..embedded.cpu import torch_threads
+    from .common import sample_continuations, token_logprobs
+
+    contexts = [tokenizer(p)["input_ids"] for p in train_set["prompt"][: budget.n_probe]] * 2
+    with torch_threads(1):
+        rollouts = sample_continuations(
+            model, tokenizer, contexts, [budget.max_completion_length] * len(contexts), seed=12345, desc="probe"
+        )
+        prefixes = [ids[: max(1, int(COVERAGE_CUT * len(ids)))] for ids in rollouts]
+        logq = [sum(lp) for lp in token_logprobs(model, contexts, prefixes)]
+    path.write_text(json.dumps({"contexts": contexts, "prefixes": prefixes, "logq": logq}))
+
+
+def _run_job(job: dict) -> dict:
+    """One worker job: the warm model's held-out scores at one RNG seed (`start`), or one training run (`train`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..tiny import load_tokenizer
+
+    torch.set_num_threads(1)  # the tiny model gains nothing from a second thread, and loses much on a busy machine
+    quiet_libraries()
+    out, settings = Path(job["out"]), job["settings"]
+    budget = Budget(**settings["budget"])
+    args = argparse.Namespace(**settings)
+    _, eval_set = _task(args).make_splits(budget.n_train, budget.n_eval)
+    model = AutoModelForCausalLM.from_pretrained(out / "warm")
+    tokenizer = load_tokenizer(out / "warm")
+    probe = json.loads((out / "probe.json").read_text())
+    seed = job["seed"]
+
+    def evaluate(model, step: int) -> dict:
+        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step)
+
+    if job["kind"] == "start":
+        output = {"kind": "start", "seed": seed, **evaluate(model, 0)}
+    else:
+        result, curves, prompts = _train(job["method"], seed, model, tokenizer, budget, args, out, evaluate)
+        output = {"kind": "train", "seed": seed, "method": job["method"], "result": result}
+        output.update(curves=curves, prompts=prompts)
+    path = _output_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"settings": settings, "output": output}))
+    temporary.replace(path)  # atomic: a crash leaves the previous state, never half a file
+    return output
+
+
+def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int) -> dict:
+    """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes."""
+    from ..embedded.evaluate import pass_at_k, sample_rewards
+    from ..embedded.task import embedded_reward
+    from .common import prefix_overlap, token_logprobs
+
+    rewards = sample_rewards(
+        model,
+        tokenizer,
+        eval_set,
+        embedded_reward,
+        budget.max_completion_length,
+        batch_size=256,
+        num_samples=budget.eval_samples,
+        seed=1000 + seed,  # the same sampling noise for every method at a given RNG seed
+    )
+    k = min(PASS_K, budget.eval_samples)
+    was_training = model.training
+    model.eval()
+    logp = [sum(lp) for lp in token_logprobs(model, probe["contexts"], probe["prefixes"], batch_size=128)]
+    model.train(was_training)
+    prompts = [
+        {
+            "seed": seed,
+            "step": step,
+            "prompt": index,
+            "passes": sum(r >= 1.0 for r in samples),
+            "samples": len(samples),
+        }
+        for index, samples in enumerate(rewards)
+    ]
+    return {
+        "pass_at_1": pass_at_k(rewards, 1),
+        f"pass_at_{k}": pass_at_k(rewards, k),
+        "coverage": prefix_overlap(logp, probe["logq"]),
+        "prompts": prompts,
+    }
+
+
+def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, evaluate):
+    """Trains one method at one RNG seed; returns its result row, its curve points and its per-prompt scores."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
@@ -156,13 +346,13 @@ def run_one(method, seed, model, tokenizer, train_set, budget, args, out, progre
     from ..trainer import SeedGRPOTrainer
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
+    train_set, _ = _task(args).make_splits(budget.n_train, budget.n_eval)
     evals = []
 
-    class Progress(TrainerCallback):
+    class Evaluate(TrainerCallback):
         def on_step_end(self, _args, state, control, **kwargs):
-            progress.update(1)
             if budget.eval_every and state.global_step % budget.eval_every == 0 and state.global_step < budget.steps:
-                evals.append((state.global_step, evaluate(kwargs["model"], seed)))
+                evals.append(evaluate(kwargs["model"], state.global_step))
 
     config = SeedGRPOConfig(
         output_dir=str(run_dir),
@@ -173,6 +363,7 @@ def run_one(method, seed, model, tokenizer, train_set, budget, args, out, progre
         learning_rate=args.learning_rate,
         lr_scheduler_type="constant",
         temperature=1.0,
+        beta=0.0,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
@@ -192,41 +383,152 @@ def run_one(method, seed, model, tokenizer, train_set, budget, args, out, progre
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[Progress()],
+        callbacks=[Evaluate()],
     )
-    trainer.remove_callback(PrinterCallback)  # the progress bar above says enough; the numbers go to the CSVs
+    trainer.remove_callback(PrinterCallback)  # the numbers go to the CSVs
     started = time.time()
     trainer.train()
     wall = time.time() - started
-    final = evaluate(trainer.model, seed)
+    evals.append(evaluate(trainer.model, budget.steps))
     trainer.model.save_pretrained(run_dir / "final")
     tokenizer.save_pretrained(run_dir / "final")
 
     logs = [h for h in trainer.state.log_history if "reward" in h]
     rows_per_step = config.per_device_train_batch_size
-    generated = prefix = 0.0
-    curve = []
+    tokens, generated, prefix = [0.0], 0.0, 0.0
+    curves = []
     for step, h in enumerate(logs, start=1):
         if "seeds/generated_tokens" in h:
             generated += h["seeds/generated_tokens"]
             prefix += h["seeds/prefix_tokens"]
         else:
             generated += h["completions/mean_length"] * rows_per_step
-        plain = h["reward"] if method == "none" else h.get("seeds/reward_unseeded", math.nan)
-        curve.append({"method": method, "seed": seed, "step": step, "kind": "train_reward", "value": plain})
-    for step, value in evals:
-        curve.append({"method": method, "seed": seed, "step": step, "kind": "eval", "value": value})
-    curve.append({"method": method, "seed": seed, "step": budget.steps, "kind": "eval", "value": final})
+        tokens.append(generated)
+        plain = h["reward"] if method == BASELINE else h.get("seeds/reward_unseeded", math.nan)
+        for kind, value in (("train_reward", plain), ("zero_std_groups", h.get("frac_reward_zero_std", math.nan))):
+            curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": value})
+    prompts = []
+    for scores in evals:
+        step = scores["prompts"][0]["step"]
+        at = tokens[min(step, len(tokens) - 1)]
+        prompts += [{**row, "method": method, "generated_tokens": at} for row in scores["prompts"]]
+        for kind in ("pass_at_1", f"pass_at_{min(PASS_K, budget.eval_samples)}", "coverage"):
+            curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": scores[kind]})
+    final = evals[-1]
     result = {
         "method": method,
         "seed": seed,
-        "pass_at_1": final,
+        "pass_at_1": final["pass_at_1"],
+        f"pass_at_{min(PASS_K, budget.eval_samples)}": final[f"pass_at_{min(PASS_K, budget.eval_samples)}"],
+        "coverage": final["coverage"],
         "generated_tokens": int(round(generated)),
         "reused_tokens": int(round(prefix)),
         "wall_s": round(wall, 1),
         "steps": len(logs),
     }
-    return result, curve
+    return result, curves, prompts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Statistics (pure: they read the CSV rows, so that a test can recompute them by hand)
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def paired_bootstrap_ci(
+    differences: np.ndarray, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """Mean of a [seeds x prompts] matrix of paired differences and its bootstrap CI over seeds *and* prompts.
+
+    Each replicate draws the RNG seeds with replacement, then the prompts with replacement, and averages the crossed
+    sub-matrix: both the training noise (seeds) and the choice of held-out problems (prompts) count. Percentile
+    interval; deterministic given `seed`. With one RNG seed only prompts are resampled.
+    """
+    differences = np.asarray(differences, dtype=np.float64)
+    num_seeds, num_prompts = differences.shape
+    rng = np.random.default_rng(seed)
+    replicates = np.empty(samples)
+    for b in range(samples):
+        rows = rng.integers(num_seeds, size=num_seeds)
+        columns = rng.integers(num_prompts, size=num_prompts)
+        replicates[b] = differences[np.ix_(rows, columns)].mean()
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(replicates, [tail, 100 - tail])
+    return float(differences.mean()), float(low), float(high)
+
+
+def _rates(rows: list[dict], k: int) -> dict[tuple[str, int, int], tuple[float, np.ndarray]]:
+    """(method, seed, step) -> (generated tokens at that step, per-prompt pass@k estimates ordered by prompt)."""
+    grouped: dict[tuple[str, int, int], list[dict]] = {}
+    for row in rows:
+        grouped.setdefault((row["method"], int(row["seed"]), int(row["step"])), []).append(row)
+    rates = {}
+    for key, group in grouped.items():
+        group.sort(key=lambda r: int(r["prompt"]))
+        values = []
+        for r in group:
+            n, c = int(r["samples"]), int(r["passes"])
+            values.append(1.0 - math.comb(n - c, k) / math.comb(n, k) if n >= k else math.nan)
+        rates[key] = (float(group[0]["generated_tokens"]), np.array(values))
+    return rates
+
+
+def interpolate_at_tokens(points: list[tuple[float, np.ndarray]], budget: float) -> np.ndarray:
+    """Per-prompt scores at `budget` generated tokens, linear between the two evaluations that bracket it."""
+    points = sorted(points, key=lambda p: p[0])
+    tokens = np.array([p[0] for p in points])
+    if budget < tokens[0] or budget > tokens[-1]:
+        raise ValueError(f"budget {budget} lies outside the evaluated tokens [{tokens[0]}, {tokens[-1]}]")
+    values = np.stack([p[1] for p in points])
+    return np.array([np.interp(budget, tokens, values[:, j]) for j in range(values.shape[1])])
+
+
+def paired_differences(rows: list[dict], k_values=(1, PASS_K)) -> list[dict]:
+    """Per method and pass@k: the paired difference against `none` at equal steps and at equal generated tokens.
+
+    `rows` are `prompts.csv` rows (method, seed, step, prompt, passes, samples, generated_tokens). Equal steps: the
+    last evaluated step. Equal tokens: the smallest final generated-token count over all runs, where every run's
+    per-prompt curve is interpolated.
+    """
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    runs = sorted({(r["method"], int(r["seed"])) for r in rows})
+    last = max(int(r["step"]) for r in rows)
+    samples = min(int(r["samples"]) for r in rows)
+    out = []
+    for k in (k for k in k_values if k <= samples):
+        rates = _rates(rows, k)
+        budget = min(rates[(m, s, last)][0] for m, s in runs)
+        curve = {(m, s): [v for (mm, ss, _), v in rates.items() if (mm, ss) == (m, s)] for m, s in runs}
+        at_tokens = {key: interpolate_at_tokens(points, budget) for key, points in curve.items()}
+        for method in methods:
+            # Only RNG seeds that both this method and the baseline have finished are paired.
+            seeds = [s for m, s in runs if m == method and (BASELINE, s) in curve]
+            if method == BASELINE or not seeds:
+                continue
+            steps = np.stack([rates[(method, s, last)][1] - rates[(BASELINE, s, last)][1] for s in seeds])
+            tokens = np.stack([at_tokens[(method, s)] - at_tokens[(BASELINE, s)] for s in seeds])
+            for basis, matrix in (("steps", steps), ("tokens", tokens)):
+                mean, low, high = paired_bootstrap_ci(matrix)
+                out.append(
+                    {
+                        "method": method,
+                        "metric": f"pass@{k}",
+                        "at_equal": basis,
+                        "budget": last if basis == "steps" else budget,
+                        "difference": mean,
+                        "ci_low": low,
+                        "ci_high": high,
+                        "significant": bool(low > 0 or high < 0),
+                    }
+                )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Report
 
 
 def summarize(results: list[dict]) -> list[dict]:
@@ -236,6 +538,9 @@ def summarize(results: list[dict]) -> list[dict]:
         runs = [r for r in results if r["method"] == method]
         scores = np.array([r["pass_at_1"] for r in runs])
         start = np.array([r["pass_at_1_start"] for r in runs])
+        k_key = next(
+            key for key in runs[0] if key.startswith("pass_at_") and key not in ("pass_at_1", "pass_at_1_start")
+        )
         summary.append(
             {
                 "method": method,
@@ -243,6 +548,9 @@ def summarize(results: list[dict]) -> list[dict]:
                 "pass_at_1_mean": float(scores.mean()),
                 "pass_at_1_std": float(scores.std(ddof=1)) if len(runs) > 1 else math.nan,
                 "gain_mean": float((scores - start).mean()),
+                "pass_at_k_mean": float(np.mean([r[k_key] for r in runs])),
+                "k": int(k_key.removeprefix("pass_at_")),
+                "coverage_mean": float(np.mean([r["coverage"] for r in runs])),
                 "generated_tokens": float(np.mean([r["generated_tokens"] for r in runs])),
                 "reused_tokens": float(np.mean([r["reused_tokens"] for r in runs])),
                 "wall_s": float(np.mean([r["wall_s"] for r in runs])),
@@ -251,68 +559,108 @@ def summarize(results: list[dict]) -> list[dict]:
     return summary
 
 
-def format_table(summary: list[dict], budget: Budget, args, total_s: float) -> str:
+def format_table(summary: list[dict], differences: list[dict], budget: Budget, args, total_s: float) -> str:
+    import os
+
     start = summary[0]["pass_at_1_mean"] - summary[0]["gain_mean"]
+    k = summary[0]["k"]
     lines = [
-        f"Embedded task (difficulty {args.difficulty}), {budget.steps} steps x {budget.prompts_per_step} prompts x "
-        f"{budget.num_generations} generations, {summary[0]['runs']} RNG seeds; held-out pass@1 over {budget.n_eval} "
-        f"prompts x {budget.eval_samples} samples at temperature 1 (warm start: {start:.3f}).",
+        f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty}), {budget.steps} steps x "
+        f"{budget.prompts_per_step} prompts x {budget.num_generations} generations, {summary[0]['runs']} RNG seeds; "
+        f"held-out pass@1 and pass@{k} over {budget.n_eval} prompts x {budget.eval_samples} samples at temperature 1 "
+        f"(warm start pass@1: {start:.3f}).",
         "",
-        "| method | held-out pass@1 (mean ± std) | change vs. warm start | generated tokens | reused tokens | wall time (s) |",
-        "|---|---|---|---|---|---|",
+        f"| method | pass@1 (mean ± std) | change vs. warm start | pass@{k} | state coverage | generated tokens | "
+        "reused tokens | wall time (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         std = "n/a" if math.isnan(s["pass_at_1_std"]) else f"{s['pass_at_1_std']:.3f}"
         lines.append(
-            f"| {s['method']} | {s['pass_at_1_mean']:.3f} ± {std} | {s['gain_mean']:+.3f} | "
-            f"{s['generated_tokens']:,.0f} | {s['reused_tokens']:,.0f} | {s['wall_s']:.0f} |"
+            f"| {s['method']} | {s['pass_at_1_mean']:.3f} ± {std} | {s['gain_mean']:+.3f} | {s['pass_at_k_mean']:.3f} "
+            f"| {s['coverage_mean']:.3f} | {s['generated_tokens']:,.0f} | {s['reused_tokens']:,.0f} | "
+            f"{s['wall_s']:.0f} |"
         )
-    lines += ["", f"Total time including warm-up and evaluation: {total_s / 60:.1f} min."]
+    if differences:
+        tokens = next(d["budget"] for d in differences if d["at_equal"] == "tokens")
+        lines += [
+            "",
+            f"Paired differences against `none` (95% bootstrap CI over RNG seeds and held-out prompts): at equal "
+            f"optimizer steps ({budget.steps}) and at equal generated tokens ({tokens:,.0f}, where the cheapest run "
+            "stops). * = the interval excludes 0.",
+            "",
+            "| method | metric | at equal steps | at equal generated tokens |",
+            "|---|---|---|---|",
+        ]
+        for method in (s["method"] for s in summary if any(d["method"] == s["method"] for d in differences)):
+            for metric in dict.fromkeys(d["metric"] for d in differences):
+                cells = []
+                for basis in ("steps", "tokens"):
+                    d = next(
+                        d for d in differences if (d["method"], d["metric"], d["at_equal"]) == (method, metric, basis)
+                    )
+                    star = " *" if d["significant"] else ""
+                    cells.append(f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{star}")
+                lines.append(f"| {method} | {metric} | {cells[0]} | {cells[1]} |")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    lines += [
+        "",
+        f"Total time including warm-up and evaluation: {total_s / 60:.1f} min with {args.jobs} runs at a time "
+        f"(load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}).",
+    ]
     return "\n".join(lines)
 
 
 def plot(curves: list[dict], path, budget: Budget, args) -> None:
+    """Six panels against optimizer step: training reward, held-out pass@1 and pass@k, coverage, zero-std groups."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    kinds = list(dict.fromkeys(c["kind"] for c in curves))
+    k_kind = next((kind for kind in kinds if kind.startswith("pass_at_") and kind != "pass_at_1"), None)
+    panels = [
+        ("train_reward", "training reward of plain groups (5-step mean)"),
+        ("pass_at_1", f"held-out pass@1 ({budget.n_eval} prompts x {budget.eval_samples} samples)"),
+        (k_kind, f"held-out {k_kind.replace('_at_', '@') if k_kind else ''}"),
+        ("coverage", "state coverage of the warm model's states, E_q[min(1, p/q)]"),
+        ("zero_std_groups", "share of groups with zero reward variance (no signal)"),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     methods = list(dict.fromkeys(c["method"] for c in curves))
-    for method in methods:
-        for ax, kind in ((left, "train_reward"), (right, "eval")):
+    for ax, (kind, title) in zip(axes.flat, panels):
+        for method in methods:
             points = [c for c in curves if c["method"] == method and c["kind"] == kind]
-            steps = sorted({c["step"] for c in points})
-            values = [[c["value"] for c in points if c["step"] == s and not _isnan(c["value"])] for s in steps]
+            steps = sorted({int(c["step"]) for c in points})
+            values = [[float(c["value"]) for c in points if int(c["step"]) == s] for s in steps]
+            values = [[v for v in vs if not math.isnan(v)] for vs in values]
             keep = [i for i, v in enumerate(values) if v]
+            if not keep:
+                continue
             steps = [steps[i] for i in keep]
             mean = np.array([np.mean(values[i]) for i in keep])
             low = np.array([np.min(values[i]) for i in keep])
             high = np.array([np.max(values[i]) for i in keep])
-            if kind == "train_reward" and len(mean) >= 3:  # a 3-step moving average: single steps are noisy
-                mean = np.convolve(np.pad(mean, 1, mode="edge"), np.ones(3) / 3, mode="valid")
-            line = ax.plot(steps, mean, "-o" if kind == "eval" else "-", label=method, markersize=4)[0]
-            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.12)
-    left.set_title("Training reward of plain groups (3-step mean; band: min-max over seeds)", fontsize=9)
-    left.set_ylabel("mean reward (from the prompt, no seed)")
-    right.set_title(f"Held-out pass@1 ({budget.n_eval} prompts x {budget.eval_samples} samples)", fontsize=9)
-    right.set_ylabel("pass@1 (temperature 1)")
-    for ax in (left, right):
+            dense = kind in ("train_reward", "zero_std_groups")
+            if dense and len(mean) >= 5:  # single steps are noisy
+                mean = np.convolve(np.pad(mean, 2, mode="edge"), np.ones(5) / 5, mode="valid")
+            line = ax.plot(steps, mean, "-" if dense else "-o", label=method, markersize=3)[0]
+            if not dense:
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.12)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
+    axes.flat[-1].axis("off")
     fig.suptitle(
-        f"Embedded task, {args.num_seeds} RNG seeds per method, same steps and prompts "
-        f"({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
+        f"Embedded task, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
+        f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _isnan(value) -> bool:
-    return isinstance(value, float) and math.isnan(value)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -116,6 +116,8 @@ def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) 
         **({"dataset_card": str(seeds / "README.md")} if (seeds / "README.md").is_file() else {}),
         "report": str(output_dir / REPORT_FILE),
     }
+    if (output_dir / "learning_curve.png").is_file():
+        report["learning_curve"] = str(output_dir / "learning_curve.png")
     if trainer.accelerator.is_main_process:
         title = (
             f"Thinking Seeds run interrupted at step {report['steps']}"

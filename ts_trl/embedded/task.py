@@ -53,7 +53,8 @@ def worked_solution(operands: Sequence[int]) -> str:
 class EmbeddedTask:
     """Multi-operand addition with verifiable integer answers and several valid solution paths per problem.
 
-    A problem adds `difficulty + 1` distinct numbers from `[min_operand, max_operand]`, e.g. "Q: 7+15+9\nA:" with
+    A problem adds `d + 1` distinct numbers from `[min_operand, max_operand]`, `d` drawn uniformly from
+    `[min_difficulty, difficulty]` per problem, e.g. "Q: 7+15+9\nA:" (d = 2) with
     solutions such as " 7+15=22\n22+9=31\n#### 31" and " 9+15=24\n24+7=31\n#### 31". A solution adds them in any
     order, one partial sum per line, so different paths visit different early reasoning states, which is what a
     restart from a cut earlier solution needs. Which problems are held out depends only on a hash of the problem and
@@ -61,8 +62,12 @@ class EmbeddedTask:
 
     Args:
         difficulty (`int`, *optional*, defaults to `2`):
-            Number of additions per problem: 3 operands and solutions of 19-26 characters by default; each extra
-            addition adds about 9 characters and makes the tiny model's job markedly harder.
+            Number of additions per problem (the largest, with `min_difficulty`): 3 operands and solutions of 19-26
+            characters at 2; each extra addition adds about 9 characters and makes the tiny model's job markedly
+            harder.
+        min_difficulty (`int`, *optional*):
+            Fewest additions per problem; `None` (the default) means `difficulty`, one level. Below `difficulty` it
+            gives a difficulty mix, each level equally likely.
         seed (`int`, *optional*, defaults to `0`):
             Seeds the problem stream and the train / held-out assignment.
         min_operand (`int`, *optional*, defaults to `1`):
@@ -76,21 +81,32 @@ class EmbeddedTask:
     seed: int = 0
     min_operand: int = 1
     max_operand: int = 19
+    min_difficulty: int | None = None
 
     def __post_init__(self):
         if self.difficulty < 1:
             raise ValueError(f"difficulty must be at least 1, got {self.difficulty}")
+        if self.min_difficulty is not None and not 1 <= self.min_difficulty <= self.difficulty:
+            raise ValueError(
+                f"min_difficulty must lie in [1, difficulty={self.difficulty}], got {self.min_difficulty}"
+            )
         if self.max_operand - self.min_operand + 1 < self.num_operands:
             raise ValueError("the operand range is too narrow for distinct operands")
 
     @property
+    def levels(self) -> range:
+        """The numbers of additions a problem may have."""
+        return range(self.difficulty if self.min_difficulty is None else self.min_difficulty, self.difficulty + 1)
+
+    @property
     def num_operands(self) -> int:
+        """Operands of the hardest problems."""
         return self.difficulty + 1
 
     @property
     def num_problems(self) -> int:
-        """How many distinct problems exist (ordered, distinct operands)."""
-        return math.perm(self.max_operand - self.min_operand + 1, self.num_operands)
+        """How many distinct problems exist (ordered, distinct operands), over all levels."""
+        return sum(math.perm(self.max_operand - self.min_operand + 1, level + 1) for level in self.levels)
 
     @property
     def max_completion_tokens(self) -> int:
@@ -106,7 +122,8 @@ class EmbeddedTask:
     def sample_problem(self, rng: random.Random, held_out: bool = False) -> Problem:
         """Draws one problem from the train (or held-out) pool."""
         while True:
-            problem = Problem(tuple(rng.sample(range(self.min_operand, self.max_operand + 1), self.num_operands)))
+            operands = 1 + (self.difficulty if len(self.levels) == 1 else rng.choice(self.levels))
+            problem = Problem(tuple(rng.sample(range(self.min_operand, self.max_operand + 1), operands)))
             if self.is_held_out(problem) == held_out:
                 return problem
 

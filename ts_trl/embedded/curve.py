@@ -1,0 +1,92 @@
+"""The embedded default's learning curve: held-out pass@1 every few steps and training reward, as CSV and PNG."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from ts_trl.embedded.evaluate import pass_at_1
+from ts_trl.embedded.task import embedded_reward
+
+CURVE_PNG, CURVE_CSV = "learning_curve.png", "learning_curve.csv"
+
+
+class LearningCurve(TrainerCallback):
+    """Scores sampled held-out pass@1 at the start, every `every` steps and at the end; writes the curve at the end.
+
+    `learning_curve.csv` (step, kind, value) and `learning_curve.png` (held-out pass@1 and training reward against
+    optimizer step) go into the output directory. Only the main process evaluates (the others go on to the next
+    step's collectives and wait there); under DeepSpeed, whose sharded weights `generate` can't see outside the
+    engine, nothing is evaluated and only the training reward is drawn.
+    """
+
+    def __init__(self, eval_set, every: int, num_samples: int, max_new_tokens: int, temperature: float, seed: int):
+        self.eval_set, self.every, self.num_samples = eval_set, every, num_samples
+        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.points: list[tuple[int, str, float]] = []
+
+    def _evaluate(self, args, state, model) -> None:
+        deepspeed = args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
+        if not state.is_world_process_zero or deepspeed or model is None or not len(self.eval_set):
+            return
+        if any(step == state.global_step and kind == "held_out_pass@1" for step, kind, _ in self.points):
+            return
+        value = pass_at_1(
+            model,
+            self.tokenizer,
+            self.eval_set,
+            embedded_reward,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            num_samples=self.num_samples,
+            seed=self.seed,
+        )
+        self.points.append((state.global_step, "held_out_pass@1", value))
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self.tokenizer = processing_class
+        self._evaluate(args, state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0:
+            self._evaluate(args, state, model)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:
+            self.points.append((state.global_step, "train_reward", float(logs["reward"])))
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._evaluate(args, state, model)
+        if state.is_world_process_zero:
+            write_curve(self.points, Path(args.output_dir))
+
+
+def write_curve(points: list[tuple[int, str, float]], output_dir: Path) -> Path:
+    """Writes `learning_curve.csv` and `learning_curve.png` into `output_dir`; returns the PNG's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / CURVE_CSV, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "kind", "value"])
+        writer.writerows(sorted(points))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for kind, style in (("train_reward", "-"), ("held_out_pass@1", "-o")):
+        series = sorted((step, value) for step, k, value in points if k == kind)
+        if series:
+            ax.plot([s for s, _ in series], [v for _, v in series], style, label=kind.replace("_", " "), markersize=4)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("reward / pass@1 (temperature of training)")
+    ax.set_title("Embedded default: held-out pass@1 and training reward", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output_dir / CURVE_PNG, dpi=110)
+    plt.close(fig)
+    return output_dir / CURVE_PNG
