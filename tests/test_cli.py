@@ -372,7 +372,16 @@ def test_ctrl_c_exits_130_and_its_resume_command_ends_with_the_uninterrupted_ban
 ):
     """`python train.py`, Ctrl-C, then exactly the printed command: same seed bank as a run never interrupted."""
     steps = 6
-    train = [*SMALL, "--save_steps", "3", "--max_steps", str(steps), "--use_cpu"]
+    # A checkpoint every step (SMALL's save_steps=1), so the Ctrl-C save falls on the schedule: a save off it would
+    # snapshot, and so make eligible, seeds the uninterrupted run only sees at its next checkpoint.
+    train = [*SMALL, "--max_steps", str(steps), "--use_cpu"]
+    # One epoch for the whole run (two prompts a step): transformers replays the sampler on resume within an epoch,
+    # not across epochs, so only then does the resumed run see the prompts in the uninterrupted run's order.
+    data = tmp_path / "math16.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"{a}+{a + 1}=", "answer": f"#### {2 * a + 1}"}) + "\n" for a in range(16))
+    )
+    train += ["--dataset_path", str(data)]
     reference = subprocess.run(
         [sys.executable, "train.py", *_data_args(tiny_dir, tmp_path / "reference"), *train],
         cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
