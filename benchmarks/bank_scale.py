@@ -3,7 +3,7 @@
 Each bank size runs in a fresh process (`python benchmarks/bank_scale.py SIZE ...`), so the resident-memory delta
 is the bank's own and not what an earlier, larger bank left in the allocator. Rollouts are synthetic: `tokens` ids
 and log-probs each, `ROLLOUTS_PER_PROMPT` per prompt (a prompt seen in 4 epochs with 16 generations), written as one
-Parquet shard per `checkpoint_rollouts` new rollouts, exactly as `SeedGRPOTrainer.write_seed_snapshot` writes them.
+Parquet shard per `checkpoint_rollouts` new rollouts, exactly as `SeedStore.write_snapshot` writes them.
 """
 
 from __future__ import annotations

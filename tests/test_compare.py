@@ -195,7 +195,7 @@ def test_passrate_selection_steers_groups_toward_half(tmp_path, tokenizer):
 
     class Spy(SeedGRPOTrainer):
         def _plan_groups(self, inputs):
-            asked.append(dict(self._pass_rates))
+            asked.append(dict(self.planner.pass_rates))
             return super()._plan_groups(inputs)
 
     trainer = Spy(
@@ -212,7 +212,7 @@ def test_passrate_selection_steers_groups_toward_half(tmp_path, tokenizer):
     hard = {prompt_id_of(p) for p in prompts[0::2]}
     easy = {prompt_id_of(p) for p in prompts[1::2]}
     # the pass rates the trainer tracked agree with the rig: hard prompts mostly fail, easy ones mostly pass
-    final = trainer._pass_rates
+    final = trainer.planner.pass_rates
     assert all(final[p] < 0.5 for p in hard) and all(final[p] > 0.5 for p in easy)
     seeded = [r for r in rows.values() if r["seed_origin"] is not None]
     assert {r["prompt_id"] for r in seeded} == hard | easy

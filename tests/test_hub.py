@@ -307,7 +307,7 @@ def test_training_does_not_wait_for_a_stalled_failing_hub(hub, make_trainer, tmp
     # Had any checkpoint waited on the stalled Hub, training would be >= 6 s slower; allow for CPU noise only.
     assert runtime(pushed) < runtime(baseline) + 3.0
     assert shard_files(hub) == ["data/step-000002.parquet", "data/step-000004.parquet", "data/step-000006.parquet"]
-    status = pushed.seed_pusher.status()
+    status = pushed.seed_store.pusher.status()
     assert status["failed_attempts"] == 2 and status["pending"] == 0 and status["pushed"] == 3
     local = rows_of([pq.read_table(p) for p in sorted((tmp_path / "pushed" / "seeds").glob("step-*.parquet"))])
     loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))

@@ -219,7 +219,7 @@ def test_invariant_5_prefix_gradient(make_trainer, mode):
     trainer.model.train()
     batch = [trainer.train_dataset[i // 4] for i in range(8)]  # two groups of prompts seen in training
     inputs = trainer._generate_and_score_completions(batch)
-    pending = trainer._pending[-8:]
+    pending = trainer.seed_store.pending[-8:]
     cuts = [
         (i, trainer.seed_bank.lookup(p.rollout.seed_origin), p.rollout.prefix_len)
         for i, p in enumerate(pending)
@@ -261,25 +261,31 @@ def test_invariant_5_prefix_gradient(make_trainer, mode):
 def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path):
     banks = {}
 
-    class Recorder(SeedGRPOTrainer):
-        def write_checkpoint_pointer(self, step):
-            super().write_checkpoint_pointer(step)
-            banks[step] = list(self.seed_bank.rollout_ids)
+    def record_banks(trainer):
+        store = trainer.seed_store
+        write_pointer = store.write_checkpoint_pointer
 
-    first = make_trainer(trainer_cls=Recorder, max_steps=6, save_steps=2)
+        def write_and_record(step):
+            write_pointer(step)
+            banks[step] = list(store.bank.rollout_ids)
+
+        store.write_checkpoint_pointer = write_and_record
+        return trainer
+
+    first = record_banks(make_trainer(max_steps=6, save_steps=2))
     first.train()
     output_dir = Path(first.args.output_dir)
     shard_ids_before = {r["rollout_id"] for r in _rows(output_dir) if r["shard_step"] <= 4}
 
-    resumed = make_trainer(trainer_cls=Recorder, max_steps=6, save_steps=2)
+    resumed = record_banks(make_trainer(max_steps=6, save_steps=2))
     seen_at_start = []
-    original = resumed._start_seed_run
+    original = resumed.seed_store.start
 
     def start(checkpoint):
         original(checkpoint)
         seen_at_start.extend(resumed.seed_bank.rollout_ids)
 
-    resumed._start_seed_run = start
+    resumed.seed_store.start = start
     resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-4"))
     assert seen_at_start == banks[4]  # exactly the bank checkpoint-4 saw, in the same order
     rows = _rows(output_dir)
@@ -299,11 +305,11 @@ def test_invariant_8_crash_mid_write_leaves_previous_snapshot(make_trainer, monk
         raise KeyboardInterrupt("simulated crash while writing a shard")
 
     monkeypatch.setattr("ts_trl.snapshots.pq.write_table", crash)
-    trainer._unsnapshotted = list(trainer._unsnapshotted) + [
+    trainer.seed_store.unsnapshotted = list(trainer.seed_store.unsnapshotted) + [
         Rollout("x", "p", "prompt", "c", [5, 6], [-1.0, -1.0], 0.0, step=6)
     ]
     with pytest.raises(KeyboardInterrupt):
-        trainer.write_seed_snapshot(6)
+        trainer.seed_store.write_snapshot(6)
     assert (seeds / "manifest.json").read_text() == manifest_before
     assert not (seeds / "step-000006.parquet").exists()
     for shard in json.loads(manifest_before)["shards"]:

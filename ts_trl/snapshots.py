@@ -14,22 +14,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .bank import Rollout, SeedBank
 
-if TYPE_CHECKING:
-    from .trainer import SeedGRPOTrainer
+logger = logging.getLogger(__name__)
+HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
 
 SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
@@ -234,6 +238,181 @@ def load_seed_table(path: str | os.PathLike, tokenizer_fp: str, vocab_size: int)
     return table
 
 
+@dataclass
+class PendingRollout:
+    """A local rollout waiting for its behaviour log-probs (filled by the training forward pass)."""
+
+    rollout: Rollout
+    prefix_logprobs: np.ndarray  # the seed's stored log-probs of the prefix tokens
+    logprobs: np.ndarray | None = None
+
+    def complete(self) -> Rollout:
+        logprobs = self.logprobs
+        if logprobs is None:  # never expected: every row goes through the loss once; keep the row, flag it NaN
+            logprobs = np.full(len(self.rollout.completion_ids), np.nan, np.float32)
+        k = len(self.prefix_logprobs)
+        logprobs = np.concatenate([self.prefix_logprobs, logprobs[k:]]).astype(np.float32)
+        return Rollout(**{**self.rollout.__dict__, "logprobs": logprobs})
+
+
+class SeedStore:
+    """Everything a seeded run persists, behind one object: the bank, run id, manifest, shards, pointers, Hub pushes.
+
+    The trainer owns it and hands it rollouts; `SeedSnapshotCallback` tells it when to write. All ranks hold the
+    same bank; only the main process writes files and pushes to the Hub.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        accelerator,
+        model_name: str,
+        tokenizer_fp: str,
+        reward_names: Sequence[str],
+        external_seeds: pa.Table | None = None,
+        hub_dataset_id: str | None = None,
+        hub_token: str | None = None,
+        metrics: dict | None = None,
+    ):
+        self.output_dir = Path(output_dir)
+        self.accelerator = accelerator
+        self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
+        self.external_seeds = external_seeds
+        self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
+        self.bank = SeedBank()
+        if external_seeds is not None:
+            fill_bank(self.bank, external_seeds, external=True)
+        self.run_id: str | None = None
+        self.manifest: SeedManifest | None = None
+        self.pending: list[PendingRollout] = []  # this rank's rollouts waiting for their behaviour log-probs
+        self.unsnapshotted: list[Rollout] = []  # main process: rollouts since the last snapshot, all ranks
+        self.pusher = None
+        if hub_dataset_id is not None and accelerator.is_main_process:
+            from .hub import SeedHubPusher
+
+            self.pusher = SeedHubPusher(hub_dataset_id, token=hub_token)
+
+    @property
+    def seeds_dir(self) -> Path:
+        return self.output_dir / SEEDS_DIR
+
+    def start(self, checkpoint: str | None) -> None:
+        """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
+        accelerator = self.accelerator
+        self.bank = SeedBank()
+        self.pending, self.unsnapshotted = [], []
+        if self.external_seeds is not None:
+            fill_bank(self.bank, self.external_seeds, external=True)
+        manifest = SeedManifest.load(self.seeds_dir)
+        if checkpoint is not None:
+            step = checkpoint_step(checkpoint)
+            if manifest is None:
+                raise ValueError(
+                    f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
+                    "in the output_dir of the run that wrote it, or start a new run."
+                )
+            pointer = Path(checkpoint) / CHECKPOINT_POINTER
+            if pointer.exists():
+                files = [self.seeds_dir / s["file"] for s in json.loads(pointer.read_text())["shards"]]
+            else:  # crashed between the shard and the pointer: the shard of this step is on disk already
+                files = manifest.paths(max_step=step)
+            fill_bank(self.bank, read_table(files))
+            self.bank.mark_snapshotted()
+            run_id = manifest.run_id
+            accelerator.wait_for_everyone()  # every rank has read the shards before any is set aside
+            if accelerator.is_main_process:
+                moved = manifest.set_aside_after(step)
+                if moved:
+                    logger.warning(f"Resuming at step {step}: later shards {moved} moved to seeds/superseded/.")
+        else:
+            run_id = secrets.token_hex(4)
+            if accelerator.is_main_process and manifest is not None:
+                moved = manifest.set_aside_after(-1)
+                logger.warning(
+                    f"{self.seeds_dir} held the seeds of an earlier run ({len(moved)} shards); they were moved to "
+                    "seeds/superseded/. To continue that run instead, pass resume_from_checkpoint."
+                )
+                manifest = None
+        self.run_id = broadcast_object_list([run_id])[0] if accelerator.num_processes > 1 else run_id
+        if accelerator.is_main_process:
+            self.seeds_dir.mkdir(parents=True, exist_ok=True)
+            if manifest is None:
+                manifest = SeedManifest(self.seeds_dir, self.run_id, self.model_name, self.tokenizer_fp)
+                manifest.save()
+            self.manifest = manifest
+
+    def add_pending(self, pending: PendingRollout) -> int:
+        """Queues a local rollout until the training forward fills its log-probs; returns its row in the queue."""
+        self.pending.append(pending)
+        return len(self.pending) - 1
+
+    def flush(self) -> None:
+        """Moves the completed local rollouts of every rank into the bank (and, on the main process, the snapshot)."""
+        local = [p.complete() for p in self.pending]
+        self.pending = []
+        rollouts = gather_object(local) if self.accelerator.num_processes > 1 else local
+        self.bank.add_rollouts(rollouts)
+        if self.accelerator.is_main_process:
+            self.unsnapshotted.extend(rollouts)
+
+    def write_snapshot(self, step: int, final: bool = False) -> Path | None:
+        """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them."""
+        if self.run_id is None:
+            return None
+        self.flush()
+        path = None
+        if self.accelerator.is_main_process and (self.unsnapshotted or not final):
+            checkpoint = "final" if final else f"{PREFIX_CHECKPOINT_DIR}-{step}"
+            table = rollouts_to_table(
+                self.unsnapshotted, checkpoint, self.model_name, self.tokenizer_fp, self.reward_names
+            )
+            path = self.seeds_dir / shard_name(step)
+            write_shard(table, path)
+            self.manifest.record(path.name, step, table.num_rows)
+            self.manifest.save()
+            self.unsnapshotted = []
+            if self.pusher is not None:
+                self.pusher.submit(path)  # returns at once; the upload runs in the background
+                for name, value in self.pusher.status().items():
+                    if isinstance(value, int):
+                        self.metrics.setdefault(f"hub/{name}", []).append(value)
+        self.bank.mark_snapshotted()
+        return path
+
+    def write_checkpoint_pointer(self, step: int) -> None:
+        """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""
+        folder = self.output_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        if self.manifest is None or not folder.is_dir():
+            return
+        shards = [s for s in self.manifest.shards if s["step"] <= step]
+        payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
+        atomic_write_json(folder / CHECKPOINT_POINTER, payload)
+
+    def finish_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
+        """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
+        if self.pusher is not None:
+            self.pusher.close(timeout=timeout)
+
+
+def local_seed_dataset(seed_dataset: str) -> str | Path:
+    """A local path as is; a Hub id ('org/name') that is not a local path is downloaded (or read from the cache)."""
+    if Path(seed_dataset).expanduser().exists() or seed_dataset.count("/") != 1 or seed_dataset.startswith((".", "/")):
+        return seed_dataset
+    from .hub import download_seed_dataset
+
+    return download_seed_dataset(seed_dataset)
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    state = Path(checkpoint) / "trainer_state.json"
+    if state.exists():
+        return int(json.loads(state.read_text())["global_step"])
+    name = Path(checkpoint).name
+    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
+        return int(name.rsplit("-", 1)[1])
+    raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")
+
+
 class SeedSnapshotCallback(TrainerCallback):
     """Writes the rollouts generated since the last snapshot as one shard whenever the trainer saves a checkpoint.
 
@@ -241,17 +420,17 @@ class SeedSnapshotCallback(TrainerCallback):
     so a checkpoint on disk always has its shard; `on_save` then records in the checkpoint which shards it covers.
     """
 
-    def __init__(self, trainer: SeedGRPOTrainer):
-        self.trainer = trainer
+    def __init__(self, store: SeedStore):
+        self.store = store
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save:
-            self.trainer.write_seed_snapshot(state.global_step)
+            self.store.write_snapshot(state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            self.trainer.write_checkpoint_pointer(state.global_step)
+            self.store.write_checkpoint_pointer(state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.trainer.write_seed_snapshot(state.global_step, final=True)
-        self.trainer.finish_seed_pushes()
+        self.store.write_snapshot(state.global_step, final=True)
+        self.store.finish_pushes()

@@ -15,6 +15,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
 - `train`: rebuilds the seed bank from the checkpoint's snapshot on resume.
 
+Everything else lives in its own module: which groups are seeded and where cut in `planning.py` (pure NumPy), cuts,
+splices and importance weights in `cutting.py`, and the bank with everything it persists (run id, manifest, shards,
+checkpoint pointers, Hub pushes) in `snapshots.SeedStore`, which the trainer owns and `SeedSnapshotCallback` drives.
+
 Differences from the paper (which we know only by its abstract, see PAPER.md): the cut is a uniform length ratio
 per group, seeds are drawn per prompt from the bank of this run (or a given seed dataset), and the restart baseline
 is GRPO's group mean over the `num_generations` continuations of the same cut.
@@ -25,40 +29,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
-import secrets
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate.utils import broadcast_object_list, gather_object
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from accelerate.utils import gather_object
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
-from .bank import Rollout, Seed, SeedBank
+from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
-from .cutting import Cut, SeedCollator, Splice, boundary_token_ids, choose_cut, draw_ratio, prefix_importance_weights
+from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
+from .planning import GroupPlan, GroupPlanner
 from .snapshots import (
-    CHECKPOINT_POINTER,
-    SEEDS_DIR,
-    SeedManifest,
+    PendingRollout,
     SeedSnapshotCallback,
-    atomic_write_json,
-    fill_bank,
+    SeedStore,
     load_seed_table,
-    read_table,
-    rollouts_to_table,
-    shard_name,
+    local_seed_dataset,
     tokenizer_fingerprint,
-    write_shard,
 )
-
-logger = logging.getLogger(__name__)
-HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
 
 # The GRPOTrainer hooks this trainer overrides or calls; tests/test_trl_hooks.py checks their signatures.
 TRL_HOOKS = (
@@ -72,48 +65,6 @@ TRL_HOOKS = (
 )
 
 
-@dataclass
-class _GroupPlan:
-    """Which seed and cut each row of the local generation batch continues from (None: a plain GRPO row)."""
-
-    seeds: list[Seed | None]
-    cuts: list[Cut | None]
-    splices: list[Splice | None] | None = None  # built once the prompts are tokenized
-    response_masks: list[list[int]] | None = None
-    completion_ids: list[list[int]] | None = None  # whole responses (prefix + continuation), set by `_generate`
-    completions: list | None = None
-    sampling_logprobs: list | None = None
-    global_seeded: np.ndarray | None = None  # per global row: in a seeded group
-    global_prefix_len: np.ndarray | None = None
-    global_seed_age: list[float] = field(default_factory=list)  # per seeded group
-    num_groups: int = 0
-    num_eligible_groups: int = 0
-    replayed: list[bool] = field(default_factory=list)  # per local row: an old rollout put back whole, not generated
-    global_replayed: np.ndarray | None = None
-    group_keys: list[str] = field(default_factory=list)  # prompt id of every group of the global batch
-
-    @property
-    def any_seeded(self) -> bool:
-        return any(c is not None for c in self.cuts)
-
-
-@dataclass
-class _PendingRollout:
-    """A local rollout waiting for its behaviour log-probs (filled by the training forward pass)."""
-
-    rollout: Rollout
-    prefix_logprobs: np.ndarray  # the seed's stored log-probs of the prefix tokens
-    logprobs: np.ndarray | None = None
-
-    def complete(self) -> Rollout:
-        logprobs = self.logprobs
-        if logprobs is None:  # never expected: every row goes through the loss once; keep the row, flag it NaN
-            logprobs = np.full(len(self.rollout.completion_ids), np.nan, np.float32)
-        k = len(self.prefix_logprobs)
-        logprobs = np.concatenate([self.prefix_logprobs, logprobs[k:]]).astype(np.float32)
-        return Rollout(**{**self.rollout.__dict__, "logprobs": logprobs})
-
-
 class SeedGRPOTrainer(GRPOTrainer):
     """GRPO with Thinking Seeds: a share of prompt groups continue, with the current policy, from a cut earlier rollout.
 
@@ -122,7 +73,6 @@ class SeedGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "thinking-seeds"]
-    pass_rate_decay = 0.5  # weight of a prompt's previous pass-rate estimate (seed_selection="passrate")
     _name = "Thinking Seeds"
     _paper = {
         "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
@@ -145,35 +95,37 @@ class SeedGRPOTrainer(GRPOTrainer):
                         "into single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
                     )
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
-        self.seed_bank = SeedBank()
         self.seed_collator = SeedCollator(args.prefix_mode)
-        self._tokenizer_fp = tokenizer_fingerprint(self._tokenizer)
-        self._eos_ids = frozenset(self.eos_token_ids)
-        self._boundary_ids = boundary_token_ids(self._tokenizer) if args.cut_at_newline else None
-        self._model_name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
-        self._external_seeds = None
+        tokenizer_fp = tokenizer_fingerprint(self._tokenizer)
+        external_seeds = None
         if args.seed_dataset is not None:
-            source = _local_seed_dataset(args.seed_dataset)
-            self._external_seeds = load_seed_table(source, self._tokenizer_fp, len(self._tokenizer))
-            fill_bank(self.seed_bank, self._external_seeds, external=True)
+            source = local_seed_dataset(args.seed_dataset)
+            external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
-        self._plan: _GroupPlan | None = None
-        self._pass_rates: dict[str, float] = {}  # prompt id -> moving pass rate of its plain (unseeded) rollouts
-        self._pending: list[_PendingRollout] = []
-        self._unsnapshotted: list[Rollout] = []  # main process: rollouts since the last snapshot, all ranks
+        self.planner = GroupPlanner(
+            args,
+            self.num_generations,
+            self.max_completion_length,
+            self.eos_token_ids,
+            boundary_token_ids(self._tokenizer) if args.cut_at_newline else None,
+        )
+        self.seed_store = SeedStore(
+            args.output_dir,
+            self.accelerator,
+            model_name=getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__,
+            tokenizer_fp=tokenizer_fp,
+            reward_names=self.reward_func_names,
+            external_seeds=external_seeds,
+            hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
+            hub_token=args.hub_token,
+            metrics=self._metrics["train"],
+        )
+        self._plan: GroupPlan | None = None
         self._captured_logps: list[torch.Tensor] | None = None
         self._last_rewards_per_func: torch.Tensor | None = None
-        self._generation_key = (-1, 0)  # (global step, generations at that step), part of every rollout id
-        self.run_id: str | None = None
-        self._manifest: SeedManifest | None = None
-        self.seed_pusher = None
         if args.seed_method != "none":
-            self.add_callback(SeedSnapshotCallback(self))
-            if args.push_seeds_to_hub and self.accelerator.is_main_process:
-                from .hub import SeedHubPusher
-
-                self.seed_pusher = SeedHubPusher(args.hub_seed_dataset_id, token=args.hub_token)
+            self.add_callback(SeedSnapshotCallback(self.seed_store))
 
     # ----------------------------------------------------------------------------------------------------------------
     # Validation and run set-up
@@ -207,8 +159,8 @@ class SeedGRPOTrainer(GRPOTrainer):
             )
 
     @property
-    def seeds_dir(self) -> Path:
-        return Path(self.args.output_dir) / SEEDS_DIR
+    def seed_bank(self):
+        return self.seed_store.bank
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         if self.args.seed_method != "none":
@@ -217,52 +169,9 @@ class SeedGRPOTrainer(GRPOTrainer):
                 checkpoint = get_last_checkpoint(self.args.output_dir)
                 if checkpoint is None:
                     raise ValueError(f"No checkpoint found in output_dir={self.args.output_dir!r} to resume from.")
-            self._start_seed_run(checkpoint or None)
+            self.planner.reset()
+            self.seed_store.start(checkpoint or None)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-
-    def _start_seed_run(self, checkpoint: str | None) -> None:
-        """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
-        self.seed_bank = SeedBank()
-        self._pending, self._unsnapshotted, self._pass_rates = [], [], {}
-        if self._external_seeds is not None:
-            fill_bank(self.seed_bank, self._external_seeds, external=True)
-        manifest = SeedManifest.load(self.seeds_dir)
-        if checkpoint is not None:
-            step = _checkpoint_step(checkpoint)
-            if manifest is None:
-                raise ValueError(
-                    f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
-                    "in the output_dir of the run that wrote it, or start a new run."
-                )
-            pointer = Path(checkpoint) / CHECKPOINT_POINTER
-            if pointer.exists():
-                files = [self.seeds_dir / s["file"] for s in json.loads(pointer.read_text())["shards"]]
-            else:  # crashed between the shard and the pointer: the shard of this step is on disk already
-                files = manifest.paths(max_step=step)
-            fill_bank(self.seed_bank, read_table(files))
-            self.seed_bank.mark_snapshotted()
-            run_id = manifest.run_id
-            self.accelerator.wait_for_everyone()  # every rank has read the shards before any is set aside
-            if self.accelerator.is_main_process:
-                moved = manifest.set_aside_after(step)
-                if moved:
-                    logger.warning(f"Resuming at step {step}: later shards {moved} moved to seeds/superseded/.")
-        else:
-            run_id = secrets.token_hex(4)
-            if self.accelerator.is_main_process and manifest is not None:
-                moved = manifest.set_aside_after(-1)
-                logger.warning(
-                    f"{self.seeds_dir} held the seeds of an earlier run ({len(moved)} shards); they were moved to "
-                    "seeds/superseded/. To continue that run instead, pass resume_from_checkpoint."
-                )
-                manifest = None
-        self.run_id = broadcast_object_list([run_id])[0] if self.accelerator.num_processes > 1 else run_id
-        if self.accelerator.is_main_process:
-            self.seeds_dir.mkdir(parents=True, exist_ok=True)
-            if manifest is None:
-                manifest = SeedManifest(self.seeds_dir, self.run_id, self._model_name, self._tokenizer_fp)
-                manifest.save()
-            self._manifest = manifest
 
     # ----------------------------------------------------------------------------------------------------------------
     # Generation: plan the cuts, splice, record
@@ -270,7 +179,7 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training or self.args.seed_method == "none":
             return super()._generate_and_score_completions(inputs)
-        self._flush_pending()
+        self.seed_store.flush()
         self._plan = self._plan_groups(inputs)
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -279,88 +188,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             self._plan = None
         return output
 
-    def _plan_groups(self, inputs) -> _GroupPlan:
+    def _plan_groups(self, inputs) -> GroupPlan:
         """Decides, identically on every rank, which prompt groups of the global batch are seeded and where cut."""
-        args, bank = self.args, self.seed_bank
         local_keys = [_prompt_key(x) for x in inputs]
         keys = gather_object(local_keys) if self.accelerator.num_processes > 1 else local_keys
-        group_keys = keys[:: self.num_generations]
-        step = self.state.global_step
-        count = self._generation_key[1] + 1 if self._generation_key[0] == step else 0
-        self._generation_key = (step, count)
-        # A fresh generator per generation, keyed by (seed, step, count): every rank draws the same cuts, and the
-        # torch RNG that TRL's sampling uses is never touched (seed_fraction=0 reproduces GRPOTrainer exactly).
-        rng = np.random.default_rng([args.seed, step, count])
-        wanted = rng.random(len(group_keys)) < args.seed_fraction
-        candidates = bank.sample(
-            group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self._pass_rates
-        )
-        if args.seed_method == "replay":
-            return self._plan_replay(group_keys, wanted, candidates, rng, len(inputs))
-        group_seeds, group_cuts = [], []
-        for want, seed in zip(wanted, candidates):
-            cut = None
-            if seed is not None:
-                ratio = draw_ratio(rng, args.cut_ratio_min, args.cut_ratio_max)
-                cut = choose_cut(
-                    seed.completion_ids, ratio, self._eos_ids, self.max_completion_length, self._boundary_ids
-                )
-            if not want or cut is None:
-                seed, cut = None, None
-            group_seeds.append(seed)
-            group_cuts.append(cut)
         first = self.accelerator.process_index * len(inputs)
-        rows = range(first, first + len(inputs))
-        seeded = np.repeat([c is not None for c in group_cuts], self.num_generations)
-        prefix_len = np.repeat([c.k if c is not None else 0 for c in group_cuts], self.num_generations)
-        return _GroupPlan(
-            seeds=[group_seeds[r // self.num_generations] for r in rows],
-            cuts=[group_cuts[r // self.num_generations] for r in rows],
-            global_seeded=seeded,
-            global_prefix_len=prefix_len,
-            global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
-            num_groups=len(group_keys),
-            num_eligible_groups=sum(s is not None for s in candidates),
-            replayed=[False] * len(inputs),
-            global_replayed=np.zeros(len(keys), dtype=bool),
-            group_keys=group_keys,
-        )
-
-    def _plan_replay(self, group_keys, wanted, first_candidates, rng, local_size) -> _GroupPlan:
-        """`seed_method="replay"`: the last `replay_per_group` rows of a chosen group are whole old rollouts.
-
-        A replayed row is planned as a "cut" at the rollout's full length (`k = len`, capped by the budget): the same
-        fields then carry it through splicing, the importance weights of `_weight_prefix_actions`, the metrics and the
-        token counts, with nothing left to generate. The slots are drawn with replacement, like the seeds.
-        """
-        args, G, step = self.args, self.num_generations, self.state.global_step
-        sample_args = (args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self._pass_rates)
-        draws = [first_candidates] + [
-            self.seed_bank.sample(group_keys, step, rng, *sample_args) for _ in range(args.replay_per_group - 1)
-        ]
-        seeds: list[Seed | None] = [None] * (len(group_keys) * G)
-        for g, want in enumerate(wanted):
-            group_draws = [d[g] for d in draws]
-            if not want or any(d is None for d in group_draws):
-                continue
-            for slot, seed in enumerate(group_draws):
-                seeds[g * G + G - args.replay_per_group + slot] = seed
-        cuts = [Cut(k=min(len(s.completion_ids), self.max_completion_length), ratio=1.0) if s else None for s in seeds]
-        first = self.accelerator.process_index * local_size
-        rows = slice(first, first + local_size)
-        replayed = np.array([s is not None for s in seeds])
-        return _GroupPlan(
-            seeds=seeds[rows],
-            cuts=cuts[rows],
-            global_seeded=np.zeros(len(seeds), dtype=bool),
-            global_prefix_len=np.array([c.k if c else 0 for c in cuts]),
-            global_seed_age=[step - s.step for s in seeds if s is not None and s.step >= 0],
-            num_groups=len(group_keys),
-            num_eligible_groups=sum(s is not None for s in first_candidates),
-            replayed=list(replayed[rows]),
-            global_replayed=replayed,
-            group_keys=group_keys,
-        )
+        return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs))
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
@@ -407,7 +240,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         return completion_ids, (sampling_logprobs if logprobs is not None else None)
 
     @contextlib.contextmanager
-    def _generation_budget(self, plan: _GroupPlan):
+    def _generation_budget(self, plan: GroupPlan):
         """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
 
         Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
@@ -448,7 +281,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._last_rewards_per_func = rewards_per_func  # gathered over all ranks, one row per global rollout
         return rewards_per_func
 
-    def _record_rollouts(self, inputs, output, plan: _GroupPlan) -> None:
+    def _record_rollouts(self, inputs, output, plan: GroupPlan) -> None:
         """Queues this batch's rollouts for the bank, logs the seeding metrics, and weights prefix actions."""
         device = self.accelerator.device
         weights = self.reward_weights.to(device)
@@ -462,7 +295,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         # Behaviour log-probs: the backend's (vLLM), else the pre-update policy's when TRL computed them, else the
         # training forward's, captured in `_compute_loss` (identical to TRL's own `old_per_token_logps` then).
         current_logps = output.get("old_per_token_logps")
-        self._update_pass_rates(plan, total)
+        self.planner.update_pass_rates(plan, (total > 0).cpu().numpy())
         # Tokens the current policy did not sample (seed prefixes in "action" mode, replayed rollouts) are trained
         # with the truncated ratio pi_theta / pi_behaviour.
         trains_old_tokens = self.args.prefix_mode == "action" or self.args.seed_method == "replay"
@@ -472,9 +305,8 @@ class SeedGRPOTrainer(GRPOTrainer):
                 current_logps = self._policy_logps(output)
             self._weight_prefix_actions(output, plan, current_logps)
 
-        step = self.state.global_step
-        count = self._generation_key[1]
-        pending_rows = []  # per local row: its index in self._pending, -1 for a replayed row
+        step, count, run_id = plan.step, plan.count, self.seed_store.run_id
+        pending_rows = []  # per local row: its index in the store's pending queue, -1 if replayed
         for i, row in enumerate(inputs):
             if plan.replayed[i]:  # already in the bank as the rollout it is; banking it again would duplicate it
                 pending_rows.append(-1)
@@ -484,7 +316,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             k = cut.k if cut is not None else 0
             completion = plan.completions[i]
             rollout = Rollout(
-                rollout_id=f"{self.run_id}-{step:06d}-{count:02d}-{first + i:05d}",
+                rollout_id=f"{run_id}-{step:06d}-{count:02d}-{first + i:05d}",
                 prompt_id=_prompt_key(row),
                 prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
                 completion=completion if isinstance(completion, str) else json.dumps(completion),
@@ -496,34 +328,17 @@ class SeedGRPOTrainer(GRPOTrainer):
                 seed_origin=seed.rollout_id if seed is not None else None,
                 rewards=dict(zip(self.reward_func_names, local_per_func[i])),
             )
-            pending = _PendingRollout(rollout, prefix_logprobs=np.asarray(seed.logprobs[:k]) if k else np.zeros(0))
+            pending = PendingRollout(rollout, prefix_logprobs=np.asarray(seed.logprobs[:k]) if k else np.zeros(0))
             if plan.sampling_logprobs is not None:
                 pending.logprobs = np.array(
                     [np.nan if x is None else x for x in plan.sampling_logprobs[i]], np.float32
                 )
             elif current_logps is not None:
                 pending.logprobs = current_logps[i, : len(response)].float().cpu().numpy()
-            pending_rows.append(len(self._pending))
-            self._pending.append(pending)
+            pending_rows.append(self.seed_store.add_pending(pending))
         if plan.sampling_logprobs is None and current_logps is None:
             output["seed_rollout_row"] = torch.tensor(pending_rows, device=device)
         self._log_seed_metrics(plan, total, output)
-
-    def _update_pass_rates(self, plan: _GroupPlan, total_rewards: torch.Tensor) -> None:
-        """Moves each prompt's pass rate (share of reward > 0) toward that of its plain rows in this batch.
-
-        Only plain rows count: a seeded or replayed row says how well the policy does from a given state, not from
-        the prompt. The rewards are gathered, so every rank computes the same rates and plans the same seeds.
-        """
-        passed = (total_rewards > 0).cpu().numpy()
-        plain = ~(plan.global_seeded | plan.global_replayed)
-        G, decay = self.num_generations, self.pass_rate_decay
-        for g, key in enumerate(plan.group_keys):
-            rows = slice(g * G, (g + 1) * G)
-            if plain[rows].any():
-                rate = float(passed[rows][plain[rows]].mean())
-                old = self._pass_rates.get(key)
-                self._pass_rates[key] = rate if old is None else decay * old + (1 - decay) * rate
 
     def _policy_logps(self, output) -> torch.Tensor:
         """Per-token log-probs of the completions under the current policy (one no-grad forward pass)."""
@@ -539,7 +354,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             )
         return logps
 
-    def _weight_prefix_actions(self, output, plan: _GroupPlan, current_logps: torch.Tensor) -> None:
+    def _weight_prefix_actions(self, output, plan: GroupPlan, current_logps: torch.Tensor) -> None:
         """Turns advantages into per-token ones, scaling prefix tokens by the truncated ratio pi_theta / pi_behaviour."""
         shape, device = output["completion_ids"].shape, output["completion_ids"].device
         behaviour = torch.zeros(shape, device=device)
@@ -556,7 +371,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.accelerator.gather(prefix_weights.mean().reshape(1)).nanmean().item()
         )
 
-    def _log_seed_metrics(self, plan: _GroupPlan, total_rewards: torch.Tensor, output) -> None:
+    def _log_seed_metrics(self, plan: GroupPlan, total_rewards: torch.Tensor, output) -> None:
         metrics = self._metrics["train"]
         seeded = torch.as_tensor(plan.global_seeded, device=total_rewards.device)
         num_seeded_groups = int(seeded.sum().item()) // self.num_generations
@@ -608,50 +423,12 @@ class SeedGRPOTrainer(GRPOTrainer):
         for j, row in enumerate(rows.tolist()):
             if row < 0:  # a replayed row: its behaviour log-probs are the stored ones
                 continue
-            pending = self._pending[row]
+            pending = self.seed_store.pending[row]
             pending.logprobs = logps[j, : len(pending.rollout.completion_ids)]
         return loss
 
     # ----------------------------------------------------------------------------------------------------------------
-    # The bank and its snapshots
-
-    def _flush_pending(self) -> None:
-        """Moves the completed local rollouts of every rank into the bank (and, on the main process, the snapshot)."""
-        local = [p.complete() for p in self._pending]
-        self._pending = []
-        rollouts = gather_object(local) if self.accelerator.num_processes > 1 else local
-        self.seed_bank.add_rollouts(rollouts)
-        if self.accelerator.is_main_process:
-            self._unsnapshotted.extend(rollouts)
-
-    def write_seed_snapshot(self, step: int, final: bool = False) -> Path | None:
-        """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them."""
-        if self.args.seed_method == "none" or self.run_id is None:
-            return None
-        self._flush_pending()
-        path = None
-        if self.accelerator.is_main_process and (self._unsnapshotted or not final):
-            checkpoint = "final" if final else f"{PREFIX_CHECKPOINT_DIR}-{step}"
-            table = rollouts_to_table(
-                self._unsnapshotted, checkpoint, self._model_name, self._tokenizer_fp, self.reward_func_names
-            )
-            path = self.seeds_dir / shard_name(step)
-            write_shard(table, path)
-            self._manifest.record(path.name, step, table.num_rows)
-            self._manifest.save()
-            self._unsnapshotted = []
-            if self.seed_pusher is not None:
-                self.seed_pusher.submit(path)  # returns at once; the upload runs in the background
-                for name, value in self.seed_pusher.status().items():
-                    if isinstance(value, int):
-                        self._metrics["train"][f"hub/{name}"].append(value)
-        self.seed_bank.mark_snapshotted()
-        return path
-
-    def finish_seed_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
-        """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
-        if self.seed_pusher is not None:
-            self.seed_pusher.close(timeout=timeout)
+    # The model card
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""
@@ -676,34 +453,6 @@ class SeedGRPOTrainer(GRPOTrainer):
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
-    def write_checkpoint_pointer(self, step: int) -> None:
-        """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""
-        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        if self._manifest is None or not folder.is_dir():
-            return
-        shards = [s for s in self._manifest.shards if s["step"] <= step]
-        payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
-        atomic_write_json(folder / CHECKPOINT_POINTER, payload)
-
-
-def _local_seed_dataset(seed_dataset: str) -> str | Path:
-    """A local path as is; a Hub id ('org/name') that is not a local path is downloaded (or read from the cache)."""
-    if Path(seed_dataset).expanduser().exists() or seed_dataset.count("/") != 1 or seed_dataset.startswith((".", "/")):
-        return seed_dataset
-    from .hub import download_seed_dataset
-
-    return download_seed_dataset(seed_dataset)
-
 
 def _prompt_key(row: dict) -> str:
     return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(row["prompt"])
-
-
-def _checkpoint_step(checkpoint: str | os.PathLike) -> int:
-    state = Path(checkpoint) / "trainer_state.json"
-    if state.exists():
-        return int(json.loads(state.read_text())["global_step"])
-    name = Path(checkpoint).name
-    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
-        return int(name.rsplit("-", 1)[1])
-    raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")

@@ -1,0 +1,176 @@
+"""Pure NumPy planning of Thinking Seeds: which prompt groups of a batch are seeded, from which seed, and cut where.
+
+Nothing here touches torch or trainer state: the trainer gathers the prompt ids of the global batch and the rewards,
+and this module turns them into a `GroupPlan` (the same on every rank, since every rank draws from the same
+generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py with a hand-filled `SeedBank`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .bank import Seed, SeedBank
+from .cutting import Cut, Splice, choose_cut, draw_ratio
+
+PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass-rate estimate (seed_selection="passrate")
+
+
+@dataclass
+class GroupPlan:
+    """Which seed and cut each row of the local generation batch continues from (None: a plain GRPO row)."""
+
+    seeds: list[Seed | None]
+    cuts: list[Cut | None]
+    step: int = 0  # global step and number of earlier generations at that step: part of every rollout id
+    count: int = 0
+    splices: list[Splice | None] | None = None  # built once the prompts are tokenized
+    response_masks: list[list[int]] | None = None
+    completion_ids: list[list[int]] | None = None  # whole responses (prefix + continuation), set by `_generate`
+    completions: list | None = None
+    sampling_logprobs: list | None = None
+    global_seeded: np.ndarray | None = None  # per global row: in a seeded group
+    global_prefix_len: np.ndarray | None = None
+    global_seed_age: list[float] = field(default_factory=list)  # per seeded group
+    num_groups: int = 0
+    num_eligible_groups: int = 0
+    replayed: list[bool] = field(default_factory=list)  # per local row: an old rollout put back whole, not generated
+    global_replayed: np.ndarray | None = None
+    group_keys: list[str] = field(default_factory=list)  # prompt id of every group of the global batch
+
+    @property
+    def any_seeded(self) -> bool:
+        return any(c is not None for c in self.cuts)
+
+
+class GroupPlanner:
+    """Plans the seeded groups of every generation batch and keeps the pass rates that `passrate` selection reads.
+
+    `args` is a `SeedGRPOConfig` (only its seeding fields and `seed` are read); `budget` is `max_completion_length`.
+    """
+
+    def __init__(
+        self,
+        args,
+        num_generations: int,
+        budget: int,
+        eos_token_ids: Collection[int],
+        boundary_token_ids: Collection[int] | None = None,
+    ):
+        self.args = args
+        self.num_generations = num_generations
+        self.budget = budget
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.boundary_token_ids = boundary_token_ids
+        self.pass_rates: dict[str, float] = {}  # prompt id -> moving pass rate of its plain (unseeded) rollouts
+        self._generation_key = (-1, 0)  # (global step, generations at that step)
+
+    def reset(self, pass_rates: dict[str, float] | None = None) -> None:
+        self.pass_rates = dict(pass_rates or {})
+        self._generation_key = (-1, 0)
+
+    def plan(self, bank: SeedBank, keys: Sequence[str], step: int, first_row: int, local_size: int) -> GroupPlan:
+        """Decides which prompt groups of the global batch (`keys`: one prompt id per row) are seeded and where cut.
+
+        `first_row` and `local_size` select this rank's rows of the global batch.
+        """
+        args, G = self.args, self.num_generations
+        group_keys = list(keys[::G])
+        count = self._generation_key[1] + 1 if self._generation_key[0] == step else 0
+        self._generation_key = (step, count)
+        # A fresh generator per generation, keyed by (seed, step, count): every rank draws the same cuts, and the
+        # torch RNG that TRL's sampling uses is never touched (seed_fraction=0 reproduces GRPOTrainer exactly).
+        rng = np.random.default_rng([args.seed, step, count])
+        wanted = rng.random(len(group_keys)) < args.seed_fraction
+        candidates = self._sample(bank, group_keys, step, rng)
+        if args.seed_method == "replay":
+            plan = self._plan_replay(bank, group_keys, wanted, candidates, rng, step, first_row, local_size)
+        else:
+            plan = self._plan_cuts(group_keys, wanted, candidates, rng, step, first_row, local_size)
+        plan.step, plan.count = step, count
+        return plan
+
+    def _sample(self, bank: SeedBank, group_keys: Sequence[str], step: int, rng: np.random.Generator):
+        args = self.args
+        return bank.sample(
+            group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self.pass_rates
+        )
+
+    def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size) -> GroupPlan:
+        """`seed_method="seeds"`: every row of a chosen group continues from the same cut of the same seed."""
+        args, G = self.args, self.num_generations
+        group_seeds, group_cuts = [], []
+        for want, seed in zip(wanted, candidates):
+            cut = None
+            if seed is not None:
+                ratio = draw_ratio(rng, args.cut_ratio_min, args.cut_ratio_max)
+                cut = choose_cut(seed.completion_ids, ratio, self.eos_token_ids, self.budget, self.boundary_token_ids)
+            if not want or cut is None:
+                seed, cut = None, None
+            group_seeds.append(seed)
+            group_cuts.append(cut)
+        rows = range(first_row, first_row + local_size)
+        return GroupPlan(
+            seeds=[group_seeds[r // G] for r in rows],
+            cuts=[group_cuts[r // G] for r in rows],
+            global_seeded=np.repeat([c is not None for c in group_cuts], G),
+            global_prefix_len=np.repeat([c.k if c is not None else 0 for c in group_cuts], G),
+            global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
+            num_groups=len(group_keys),
+            num_eligible_groups=sum(s is not None for s in candidates),
+            replayed=[False] * local_size,
+            global_replayed=np.zeros(len(group_keys) * G, dtype=bool),
+            group_keys=list(group_keys),
+        )
+
+    def _plan_replay(self, bank, group_keys, wanted, first_candidates, rng, step, first_row, local_size) -> GroupPlan:
+        """`seed_method="replay"`: the last `replay_per_group` rows of a chosen group are whole old rollouts.
+
+        A replayed row is planned as a "cut" at the rollout's full length (`k = len`, capped by the budget): the same
+        fields then carry it through splicing, the importance weights, the metrics and the token counts, with nothing
+        left to generate. The slots are drawn with replacement, like the seeds.
+        """
+        args, G = self.args, self.num_generations
+        draws = [first_candidates] + [
+            self._sample(bank, group_keys, step, rng) for _ in range(args.replay_per_group - 1)
+        ]
+        seeds: list[Seed | None] = [None] * (len(group_keys) * G)
+        for g, want in enumerate(wanted):
+            group_draws = [d[g] for d in draws]
+            if not want or any(d is None for d in group_draws):
+                continue
+            for slot, seed in enumerate(group_draws):
+                seeds[g * G + G - args.replay_per_group + slot] = seed
+        cuts = [Cut(k=min(len(s.completion_ids), self.budget), ratio=1.0) if s else None for s in seeds]
+        rows = slice(first_row, first_row + local_size)
+        replayed = np.array([s is not None for s in seeds])
+        return GroupPlan(
+            seeds=seeds[rows],
+            cuts=cuts[rows],
+            global_seeded=np.zeros(len(seeds), dtype=bool),
+            global_prefix_len=np.array([c.k if c else 0 for c in cuts]),
+            global_seed_age=[step - s.step for s in seeds if s is not None and s.step >= 0],
+            num_groups=len(group_keys),
+            num_eligible_groups=sum(s is not None for s in first_candidates),
+            replayed=list(replayed[rows]),
+            global_replayed=replayed,
+            group_keys=list(group_keys),
+        )
+
+    def update_pass_rates(self, plan: GroupPlan, passed: np.ndarray) -> None:
+        """Moves each prompt's pass rate toward the share of its plain rows in this batch that `passed`.
+
+        `passed` holds one bool per global row. Only plain rows count: a seeded or replayed row says how well the
+        policy does from a given state, not from the prompt. Every rank sees the same gathered rewards, so every rank
+        keeps the same rates and plans the same seeds.
+        """
+        plain = ~(plan.global_seeded | plan.global_replayed)
+        G = self.num_generations
+        for g, key in enumerate(plan.group_keys):
+            rows = slice(g * G, (g + 1) * G)
+            if plain[rows].any():
+                rate = float(passed[rows][plain[rows]].mean())
+                old = self.pass_rates.get(key)
+                self.pass_rates[key] = rate if old is None else PASS_RATE_DECAY * old + (1 - PASS_RATE_DECAY) * rate
