@@ -6,7 +6,7 @@ import pytest
 
 from ts_trl import SeedBank
 from ts_trl.bank import Rollout
-from ts_trl.snapshots import rollouts_to_table
+from ts_trl.snapshots import map_bank_file, rollouts_to_table, write_bank_file
 
 
 def _bank():
@@ -39,6 +39,7 @@ def test_selection_strategies():
     assert bank.sample(["p"], 5, rng, "passrate", pass_rates={"p": 0.0})[0].rollout_id == "a0"
     assert bank.sample(["p"], 5, rng, "passrate", pass_rates={"p": 1.0})[0].rollout_id == "a1"
     assert bank.sample(["q", "none"], 5, rng, "success") == [None, None]
+    assert SeedBank().sample(["p", "q"], 5, rng) == [None, None]
     drawn = {bank.sample(["p"], 5, rng, "uniform")[0].rollout_id for _ in range(50)}
     assert drawn == {"a0", "a1"}
 
@@ -120,3 +121,22 @@ def test_duplicate_rollout_ids_are_refused_in_every_path():
     with pytest.raises(ValueError, match="'a1' is already"):
         bank.add_table(_table([Rollout("a1", "p", "", "", [1, 2], [0.0, 0.0], 0.0, 1)]))
     assert len(bank) == 4
+
+
+def test_attaching_a_snapshot_moves_the_payload_onto_the_mapped_file(tmp_path):
+    bank = SeedBank()
+    fresh = [Rollout(f"n{i}", "p", "", "", [5, 6, 7], [-0.7] * 3, 1.0, 4) for i in range(3)]
+    bank.add_rollouts(fresh)
+    with pytest.raises(ValueError, match="another run or step"):
+        bank.attach_snapshot(_table(fresh[:2]))
+    write_bank_file(_table(fresh), tmp_path / "bank.arrow")
+    mapped = map_bank_file(tmp_path / "bank.arrow")
+    bank.attach_snapshot(mapped)
+    assert bank.num_snapshotted == len(bank) == 3
+    seed = bank.lookup("n2")
+    assert seed.completion_ids.tolist() == [5, 6, 7] and seed.logprobs.tolist() == pytest.approx([-0.7] * 3)
+    flat = mapped.column("completion_ids").chunk(0).values.to_numpy()
+    assert np.shares_memory(seed.completion_ids, flat)  # read from the mapped file
+    assert len(bank._tokens.chunks) == 1  # the bank's own copy of those rows was released
+    bank.add("after", "p", [1, 2], [0.0, 0.0], 0.0, 5)  # appending keeps working after the release
+    assert bank.lookup("after").completion_ids.tolist() == [1, 2] and bank.lookup("n0").step == 4

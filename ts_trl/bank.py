@@ -19,6 +19,7 @@ SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
+TABLE_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")  # what `add_table` reads
 _HASH_TAIL = 4096  # rollout-id hashes kept unsorted before they are merged into the sorted index
 
 
@@ -112,6 +113,17 @@ class _Payload:
             tuple(a[s : s + n] for a in self.chunks[c])
             for c, s, n in zip(chunk_of.tolist(), local.tolist(), lengths.tolist())
         ]
+
+    def release_unused(self, addresses: np.ndarray) -> None:
+        """Drops the chunks no address points into (their rows moved elsewhere); views handed out keep theirs alive."""
+        if not self.chunks:
+            return
+        starts = np.asarray(addresses, dtype=np.int64) >> self.length_bits
+        used = np.bincount(np.searchsorted(self.firsts, starts, side="right") - 1, minlength=len(self.chunks)) > 0
+        if not used[-1]:
+            self.growing = False  # the next small append starts a fresh chunk
+        self.chunks = [c for c, keep in zip(self.chunks, used) if keep]
+        self.firsts = self.firsts[used]
 
     @property
     def nbytes(self) -> int:
@@ -302,9 +314,7 @@ class SeedBank:
         """
         if table is None or table.num_rows == 0:
             return
-        for batch in table.select(
-            ["rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step"]
-        ).to_batches():
+        for batch in table.select(list(TABLE_COLUMNS)).to_batches():
             if batch.num_rows == 0:
                 continue
             ids_column, logps_column = batch.column("completion_ids"), batch.column("logprobs")
@@ -327,6 +337,35 @@ class SeedBank:
                 copy=False,
             )
         self._index_prompts()  # part of loading: the first `sample` after a resume pays nothing extra
+
+    def attach_snapshot(self, table: pa.Table) -> None:
+        """Moves the payload of the rollouts since the last snapshot onto `table`, that snapshot as written, and marks
+        them snapshotted. With `table` memory-mapped from a file every rank on the node maps, the bank's own copies of
+        those token ids are freed and every rank reads the one copy in the page cache.
+        """
+        first = self.num_snapshotted
+        ids = table.column("rollout_id").to_pylist()
+        if ids != self.rollout_ids[first:]:
+            raise ValueError(
+                f"The snapshot holds {len(ids)} rollouts that are not the {len(self) - first} this bank added since "
+                "its last snapshot; it belongs to another run or step."
+            )
+        token_addresses, id_addresses = [], []
+        for batch in table.select(["rollout_id", "completion_ids", "logprobs"]).to_batches():
+            ids_column, logps_column = batch.column("completion_ids"), batch.column("logprobs")
+            columns = (
+                ids_column.values.to_numpy(zero_copy_only=False),
+                logps_column.values.to_numpy(zero_copy_only=False),
+            )
+            token_addresses.append(self._tokens.extend(columns, ids_column.offsets.to_numpy(), copy=False))
+            id_bytes, id_offsets = _string_buffers(batch.column("rollout_id"))
+            id_addresses.append(self._id_text.extend((id_bytes,), id_offsets, copy=False))
+        if token_addresses:
+            self._token_address.values[first:] = np.concatenate(token_addresses)
+            self._id_address.values[first:] = np.concatenate(id_addresses)
+        self._tokens.release_unused(self._token_address.values)
+        self._id_text.release_unused(self._id_address.values)
+        self.num_snapshotted = len(self)
 
     def _extend(
         self,
@@ -449,6 +488,8 @@ class SeedBank:
         self._index_prompts()
         codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
         known = codes >= 0
+        if not known.any():
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         starts = np.where(known, self._starts[codes.clip(0)], 0)
         counts = np.where(known, self._starts[codes.clip(0) + 1] - starts, 0)
         group = np.repeat(np.arange(len(codes)), counts)
