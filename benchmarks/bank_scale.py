@@ -190,9 +190,11 @@ def rank(shard_dir: Path, rank_id: int, ranks: int) -> dict:
     from ts_trl.bank import SeedBank
     from ts_trl.snapshots import fill_bank, read_bank_tables
 
+    shards = _shards(shard_dir)
+    fill_bank(SeedBank(), read_bank_tables(shard_dir, shards[:1]).slice(0, 8))  # first-use costs of the libraries
     before = _memory()
     bank = SeedBank()
-    fill_bank(bank, read_bank_tables(shard_dir, _shards(shard_dir)))
+    fill_bank(bank, read_bank_tables(shard_dir, shards))
     bank.mark_snapshotted()
     touched = 0.0
     for ids, logps in bank._tokens.chunks:  # every page of the payload read once: the worst case for memory

