@@ -31,6 +31,11 @@ class ForcedPrefix(LogitsProcessor):
         self.prompt_width: int | None = None  # set at the first call: the padded prompt's width
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.shape[0] != self.tokens.shape[0]:
+            raise ValueError(
+                f"generate() scored {scores.shape[0]} sequences for {self.tokens.shape[0]} rows; seeding with HF "
+                "generate needs one sequence per row. Remove num_beams / num_return_sequences from generation_kwargs."
+            )
         if self.prompt_width is None:
             self.prompt_width = input_ids.shape[1]
             self.tokens = self.tokens.to(scores.device)
