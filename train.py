@@ -48,7 +48,7 @@ def main():
             eval_dataset=None if embedded else eval_dataset,  # the built-in held-out set is scored below instead
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
-            callbacks=[SaveOnInterrupt()],  # before the trainer's SeedSnapshotCallback: a Ctrl-C save writes its shard
+            callbacks=[SaveOnInterrupt()],  # a Ctrl-C save is a checkpoint like any other, with its seed shard
         )
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"

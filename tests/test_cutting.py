@@ -2,11 +2,18 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from ts_trl import Cut, SeedCollator
-from ts_trl.cutting import boundary_token_ids, choose_cut, max_cut, prefix_importance_weights
+from ts_trl.cutting import (
+    boundary_token_ids,
+    choose_cut,
+    continuation_budget,
+    max_cut,
+    prefix_importance_weights,
+)
 
 EOS = 1
 
@@ -86,3 +93,18 @@ def test_saved_tiny_tokenizer_loads_back_exactly(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     text = "Q: 7+15+9\nA: 7+15=22"
     assert load_tokenizer(tmp_path)(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+def test_splice_of_a_banked_seed_holds_plain_ints():
+    splice = SeedCollator()([5, 6], np.array([10, 11, 12], dtype=np.int32), Cut(k=2, ratio=0.5))
+    assert splice.prompt_ids == [5, 6, 10, 11] and splice.prefix_ids == [10, 11]
+    assert all(type(t) is int for t in splice.prompt_ids)
+
+
+def test_continuation_budget_is_what_the_prefix_and_the_context_leave():
+    assert continuation_budget(0, 7, max_completion_length=12) == 12
+    assert continuation_budget(4, 11, max_completion_length=12) == 8  # the prefix's tokens count against the budget
+    assert continuation_budget(4, 11, max_completion_length=12, max_model_len=19) == 8  # 11 + 8 = 19 fits exactly
+    assert continuation_budget(4, 15, max_completion_length=12, max_model_len=19) == 4  # a long prompt: the context
+    with pytest.raises(ValueError, match="max_model_len=19. Raise vllm_max_model_length"):
+        continuation_budget(2, 19, max_completion_length=12, max_model_len=19)

@@ -74,7 +74,7 @@ def test_pass_rates_count_plain_rows_only_and_decay():
     planner = GroupPlanner(_args(seed_method="replay", replay_per_group=1), G, 64, {EOS})
     plan = planner.plan(_bank(), ["a"] * G + ["c"] * G, 3, 0, 2 * G)  # "a" gets one replayed row, "c" none
     passed = np.array([1, 0, 0, 1, 1, 1, 0, 0], dtype=bool)  # the replayed row 3 of "a" passes, but does not count
-    planner.update_pass_rates(plan, passed)
-    assert planner.pass_rates == {"a": 1 / 3, "c": 0.5}
-    planner.update_pass_rates(plan, np.ones(2 * G, dtype=bool))
+    planner.observe(plan, passed.astype(float), passed)
+    assert planner.pass_rates == {"a": 1 / 3, "c": 0.5} and planner.reward_means == planner.pass_rates
+    planner.observe(plan, np.ones(2 * G), np.ones(2 * G, dtype=bool))
     assert planner.pass_rates["c"] == PASS_RATE_DECAY * 0.5 + (1 - PASS_RATE_DECAY) * 1.0

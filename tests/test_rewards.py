@@ -164,9 +164,12 @@ def test_split_test_units():
     units = split_test_units("import math\nassert f(1) == 1\nx = 2\nassert f(x) == 2")
     assert [is_test for _, is_test in units] == [False, True, False, True]
     assert split_test_units("def check(candidate):\n    assert candidate(1)\n", "f")[-1] == ("check(f)", True)
-    assert split_test_units("def check(candidate):\n    assert candidate(1)\n") == [
-        ("def check(candidate):\n    assert candidate(1)\n", False)
-    ]
+    script = "def check(candidate):\n    assert candidate(1)\n\ncheck(f)\n"
+    assert split_test_units(script) == split_test_units(script, "f") == [(script, True)]
+    with pytest.raises(ValueError, match="never call it, and the row has no entry_point"):
+        split_test_units("def check(candidate):\n    assert candidate(1)\n")
+    with pytest.raises(ValueError, match="Code tests do not parse"):
+        split_test_units("assert f(1) ==")
 
 
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(2, 2) == 4\nassert add(0, 5) == 5\nassert add(-1, 1) == 0"
@@ -195,6 +198,70 @@ def test_code_reward_scores_correct_partial_and_stdio_programs():
     assert code_reward(completions, tests, entry_point=entry_points) == [1.0, 0.5, 1.0, 0.5, 1.0, None]
     binary = get_code_reward(mode="binary")
     assert binary(completions[:2], tests[:2]) == [1.0, 0.0]
+
+
+def test_code_reward_scores_a_check_script_without_top_level_asserts():
+    """Many code datasets ship one script, `def check(candidate)` then `check(fn)`: it is one test, never `None`."""
+    script = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n\ncheck(add)\n"
+    correct, wrong = "```python\ndef add(a, b):\n    return a + b\n```", "```python\ndef add(a, b):\n    return 5\n```"
+    assert code_reward([correct, wrong], [script, script]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="entry_point"):  # a check that nothing calls cannot score anything
+        code_reward([correct], ["def check(candidate):\n    assert candidate(2, 3) == 5\n"])
+
+
+# Reference solutions and broken ones in the MBPP, HumanEval and APPS formats (written for these tests), through the
+# dataset adapter: what the tests compare crosses from the program to the judge as plain data.
+FORMAT_ROWS = [
+    {  # MBPP: setup code, floats through math.isclose (the program imports math; the tests use it without importing)
+        "text": "Volume of a sphere.",
+        "test_list": ["assert math.isclose(volume(1), 4.18879, rel_tol=1e-4)", "assert volume(0) == 0"],
+        "test_setup_code": "",
+    },
+    {  # MBPP: tuples, sets and dicts
+        "text": "Split into evens and odds.",
+        "test_list": [
+            "assert split([1, 2, 3]) == ([2], [1, 3])",
+            "assert set(unique('abca')) == {'a', 'b', 'c'}",
+            "assert counts('aab') == {'a': 2, 'b': 1}",
+        ],
+        "test_setup_code": "import collections",
+    },
+    {  # HumanEval: METADATA, check(candidate) with an entry point, an expected exception and bytes
+        "prompt": "def encode(text):\n",
+        "test": "METADATA = {'author': 'x'}\n\ndef check(candidate):\n    assert candidate('ab') == b'ab'\n"
+        "    assert candidate('') == b''\n    try:\n        candidate(None)\n    except TypeError:\n        pass\n"
+        "    else:\n        assert False\n",
+        "entry_point": "encode",
+    },
+    {
+        "question": "Sum two numbers.",
+        "input_output": json.dumps({"inputs": ["1 2\n", "5 5\n"], "outputs": ["3", "10"]}),
+    },
+]
+REFERENCES = [
+    "import math\n\ndef volume(r):\n    return 4 / 3 * math.pi * r ** 3\n",
+    "def split(xs):\n    return [x for x in xs if x % 2 == 0], [x for x in xs if x % 2]\n\n"
+    "def unique(s):\n    return sorted(set(s))\n\n"
+    "def counts(s):\n    import collections\n    return dict(collections.Counter(s))\n",
+    "def encode(text):\n    if not isinstance(text, str):\n        raise TypeError('text must be str')\n"
+    "    return text.encode()\n",
+    "a, b = map(int, input().split())\nprint(a + b)\nexit()\n",  # exit() as site defines it, common in stdio code
+]
+BROKEN = [
+    "import math\n\ndef volume(r):\n    return math.pi * r ** 3\n",
+    "def split(xs):\n    return [], xs\n\ndef unique(s):\n    return s\n\ndef counts(s):\n    return {}\n",
+    "def encode(text):\n    return str(text).encode()\n",
+    "print(input())\n",
+]
+
+
+def test_code_reward_references_score_one_and_broken_programs_zero(tmp_path):
+    rows = [_code_rows(tmp_path, [row])[0] for row in FORMAT_ROWS]
+    tests, entry_points = [row["tests"] for row in rows], [row.get("entry_point") for row in rows]
+    binary = get_code_reward(mode="binary")
+    fenced = lambda programs: [f"```python\n{program}```" for program in programs]  # noqa: E731
+    assert binary(fenced(REFERENCES), tests, entry_point=entry_points) == [1.0] * 4
+    assert binary(fenced(BROKEN), tests, entry_point=entry_points) == [0.0] * 4
 
 
 @pytest.mark.parametrize("workers", [2])

@@ -1,8 +1,14 @@
 """Hostile programs get reward 0 in bounded time and leave the host as it was; each names the layer that stops it."""
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +16,7 @@ from ts_trl.rewards import get_code_reward
 from ts_trl.rewards.code import split_test_units
 from ts_trl.rewards.sandbox import Limits, detect_isolation, run_in_sandbox
 
-TIMEOUT = 2.0  # seconds: long enough for a python start on a loaded 2-core machine, short enough for the suite
+TIMEOUT = 4.0  # seconds: long enough for two sandboxes at once on a loaded 2-core machine, short enough for the suite
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(2, 2) == 4"
 CORRECT_ADD = "def add(a, b):\n    return a + b\n"
 
@@ -41,7 +47,7 @@ def _evidence(program: str, tests: str = ADD_TESTS):
 
 
 def test_layers_are_reported():
-    assert {"rlimits", "scrubbed-env", "timeout+killpg", "output-cap", "nonce"} <= set(_layers())
+    assert {"rlimits", "scrubbed-env", "timeout+killpg", "output-cap", "judge"} <= set(_layers())
 
 
 def test_infinite_loop_times_out():
@@ -102,14 +108,6 @@ def test_network_is_unreachable():
             listener.accept()
 
 
-def test_writing_outside_the_workdir_fails(tmp_path):
-    _need("mountns", "throwaway-uid")
-    target = tmp_path / "escaped.txt"
-    program = f"open({str(target)!r}, 'w').write('pwned')\n" + CORRECT_ADD
-    assert _run(program)[0] == 0.0
-    assert not target.exists()
-
-
 def test_parent_environment_is_invisible(monkeypatch):
     monkeypatch.setenv("TS_TRL_FAKE_SECRET", "hunter2")
     program = (
@@ -139,7 +137,7 @@ def test_killing_the_parent_fails_the_run():
         "import os\nos._exit(0)\n",
         "def add(a, b):\n    raise SystemExit(0)\n",
         "def add(a, b):\n    import os\n    os._exit(0)\n",
-        # Fake verdicts and patched builtins: the nonce is unknown, so neither reaches the harness's verdict.
+        # Fake verdicts and patched builtins: neither reaches the judge, which runs in another interpreter.
         "import builtins\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\n"
         "print('0' * 32 + ' [0, 1]')\nprint('\\n[0, 1]')\ndef add(a, b):\n    return 0\n",
         "import builtins, os\nprint('0' * 32 + ' [0, 1]', flush=True)\nos._exit(0)\n",
@@ -160,3 +158,229 @@ def test_stdio_program_that_hangs_costs_one_timeout_not_one_per_case():
     started = time.monotonic()
     assert reward(["```python\nwhile True:\n    pass\n```"], [cases]) == [0.0]
     assert time.monotonic() - started < 2 * TIMEOUT
+
+
+# ---------------------------------------------------------------- verdict integrity
+# Each program's honest answer is wrong (or missing), so it scores 1 only by faking the verdict.
+WRONG_ADD = "def add(a, b):\n    return -1\n"
+FIND_UNITS = (
+    "import gc\n"
+    "units = [obj for obj in gc.get_objects() if type(obj) is list and obj\n"
+    "         and all(type(u) is list and len(u) == 2 and type(u[0]) is str for u in obj)]\n"
+)
+VERDICT_ATTACKS = {
+    "always-equal": "class Yes:\n    def __eq__(self, other):\n        return True\n\n"
+    "def add(a, b):\n    return Yes()\n",
+    "int-subclass-eq": "class Int(int):\n    __hash__ = int.__hash__\n\n    def __eq__(self, other):\n        return True\n\n"
+    "def add(a, b):\n    return Int(-1)\n",
+    "str-subclass-eq": "class Str(str):\n    __hash__ = str.__hash__\n\n    def __eq__(self, other):\n        return True\n\n"
+    "def add(a, b):\n    return Str('no')\n",
+    "list-subclass-eq": "class List(list):\n    def __eq__(self, other):\n        return True\n\n"
+    "def add(a, b):\n    return List()\n",
+    # The harness's frames: a verdict descriptor and a nonce in its locals, as on the old single-interpreter harness.
+    "frame-walk": "import os, sys\n\ndef add(a, b):\n    frame = sys._getframe()\n    while frame is not None:\n"
+    "        found = frame.f_locals\n        if 'verdict_fd' in found and 'nonce' in found:\n"
+    "            os.write(found['verdict_fd'], f\"\\n{found['nonce']} [0, 1]\\n\".encode())\n            os._exit(0)\n"
+    "        if 'passed' in found and type(found['passed']) is list:\n            found['passed'][:] = [0, 1]\n"
+    "        frame = frame.f_back\n    return -1\n",
+    "gc-rewrites-tests": FIND_UNITS
+    + "for unit in [u for found in units for u in found]:\n    unit[0] = 'pass'\n"
+    + WRONG_ADD,
+    "patched-compile": "import builtins\nreal = builtins.compile\n"
+    "builtins.compile = lambda source, *args, **kwargs: real('pass', *args, **kwargs)\n" + WRONG_ADD,
+    "patched-json": "import json, sys\njson.dumps = lambda *args, **kwargs: '[0, 1]'\n"
+    "sys.modules['json'] = type(sys)('json')\nsys.modules['json'].dumps = json.dumps\n" + WRONG_ADD,
+    "patched-os": "import os\nreal = os.write\n"
+    "os.write = lambda fd, data: real(fd, data.replace(b'[]', b'[0, 1]'))\n" + WRONG_ADD,
+    "closed-fds": "import os\nfor fd in range(3, 1024):\n    try:\n        os.close(fd)\n    except OSError:\n"
+    "        pass\n" + WRONG_ADD,
+    "duplicated-fds": "import os, struct\nfor fd in range(3, 64):\n    try:\n        os.dup2(1, fd)\n"
+    "    except OSError:\n        pass\n" + WRONG_ADD,
+    "exit-1": "import os\nos._exit(1)\n",
+    "exit-3-after-one-call": "import os\ncalls = []\n\ndef add(a, b):\n    calls.append(1)\n"
+    "    if len(calls) > 1:\n        os._exit(3)\n    return a + b\n",
+    "sigkill-self": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    "verdict-lookalikes": "import os, struct, sys\nfor line in ('[0, 1]', '0' * 32 + ' [0, 1]', 'PASSED 2/2'):\n"
+    "    print(line)\n    print(line, file=sys.stderr)\n"
+    "frame = struct.pack('<I', 6) + b'[0, 1]'\nfor fd in range(1, 64):\n    try:\n        os.write(fd, frame)\n"
+    "    except OSError:\n        pass\n" + WRONG_ADD,
+    "ctypes-rewrites-tests": FIND_UNITS + "import ctypes, sys\nfor unit in [u for found in units for u in found]:\n"
+    "    text = unit[0]\n    if text.isascii() and len(text) >= 4:\n"
+    "        start = id(text) + sys.getsizeof(text) - len(text) - 1\n"
+    "        ctypes.memmove(start, b'pass' + b' ' * (len(text) - 4), len(text))\n" + WRONG_ADD,
+    # Tracing the judge (its parent) would let the program write into it; a correct add only if the kernel allowed it.
+    "ptrace-the-judge": "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "seized = libc.ptrace(0x4206, os.getppid(), 0, 0) == 0\n\ndef add(a, b):\n    return a + b if seized else -1\n",
+}
+
+
+@pytest.mark.parametrize("program", VERDICT_ATTACKS.values(), ids=VERDICT_ATTACKS.keys())
+def test_verdict_attacks_score_zero(program):
+    assert _run(program)[0] == 0.0
+
+
+def test_program_cannot_shadow_the_builtins_the_tests_call():
+    program = "def all(values):\n    return True\n\ndef abs(value):\n    return 0\n\n" + WRONG_ADD
+    tests = "assert all(add(a, b) == a + b for a, b in [(1, 2), (2, 2)])\nassert abs(add(0.1, 0.2) - 0.3) < 1e-9"
+    assert _run(program, tests)[0] == 0.0
+    assert _run(CORRECT_ADD, tests)[0] == 1.0
+
+
+def test_objects_the_program_built_fail_clearly():
+    result = _evidence(
+        "class Yes:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Yes()\n"
+    )
+    assert result.passed_units == [] and "a Yes cannot cross the sandbox boundary" in result.stderr
+
+
+def test_plain_data_and_exceptions_cross_the_boundary():
+    program = (
+        "import math\nLIMIT = {'n': (1, 2.5, None, True)}\n\n"
+        "def echo(*args, **kwargs):\n    return [args, kwargs, {1, 2}, frozenset({b'x'}), {(1, 'a'): [b'\\x00\\xff']}]\n\n"
+        "def root(x):\n    if x < 0:\n        raise ValueError('negative')\n    return math.sqrt(x)\n"
+    )
+    tests = (
+        "assert echo(1, 'a', k=[2]) == [(1, 'a'), {'k': [2]}, {1, 2}, frozenset({b'x'}), {(1, 'a'): [b'\\x00\\xff']}]\n"
+        "assert LIMIT == {'n': (1, 2.5, None, True)}\n"
+        "assert math.isclose(root(2), 1.41421356, rel_tol=1e-6)\n"
+        "try:\n    root(-1)\n    raise AssertionError('no error')\nexcept ValueError as error:\n"
+        "    assert str(error) == 'negative'"
+    )
+    assert _run(program, tests)[0] == 1.0
+
+
+# ---------------------------------------------------------------- files
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def host_files():
+    """A private file in the home (mode 600) and a world-readable one in a world-readable folder, outside the run."""
+    tag = uuid.uuid4().hex[:12]
+    private = Path.home() / f".ts_trl_sandbox_secret_{tag}"
+    private.write_text("secret")
+    private.chmod(0o600)
+    public_dir = Path(tempfile.mkdtemp(prefix="ts_trl_public_"))
+    public_dir.chmod(0o755)
+    public = public_dir / "answers.txt"
+    public.write_text("answers")
+    public.chmod(0o644)
+    yield {"home-private": private, "world-readable": public, "checkout": CHECKOUT / "README.md"}
+    private.unlink()
+    shutil.rmtree(public_dir)
+
+
+@pytest.mark.parametrize("which", ["home-private", "world-readable", "checkout"])
+def test_program_cannot_read_host_files(host_files, which):
+    _need("fs-view")
+    path = host_files[which]
+    assert path.read_bytes()  # this process can read it
+    program = f"data = open({str(path)!r}, 'rb').read()\n" + CORRECT_ADD  # add exists only if the read worked
+    assert _run(program)[0] == 0.0
+    assert "FileNotFoundError" in _evidence(program).stderr
+
+
+def test_program_reads_and_writes_its_own_folder():
+    program = "open('own.txt', 'w').write('mine')\nassert open('own.txt').read() == 'mine'\n" + CORRECT_ADD
+    assert _run(program)[0] == 1.0  # the same pattern as the attacks scores 1 where access is allowed
+
+
+@pytest.mark.parametrize("where", ["home", "checkout"])
+def test_program_cannot_write_into_home_or_checkout(where):
+    _need("fs-view")
+    target = (Path.home() if where == "home" else CHECKOUT) / f"ts_trl_pwned_{uuid.uuid4().hex[:12]}"
+    program = f"open({str(target)!r}, 'w').write('pwned')\n" + CORRECT_ADD
+    try:
+        assert _run(program)[0] == 0.0
+        assert not target.exists()
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def test_program_sees_a_minimal_root():
+    _need("fs-view")
+    program = (
+        "import os\nfound = {path: os.path.exists(path) for path in ('/proc/1', '/etc/passwd', '/root/.ssh', '/home')}\n"
+        "def add(a, b):\n    return a + b if not any(found.values()) else -1\n"
+    )
+    assert _run(program)[0] == 1.0
+
+
+# ---------------------------------------------------------------- as an unprivileged user
+UNPRIVILEGED_USER = "tstrl-sandbox"
+
+
+def _private_ancestor(path: str) -> str | None:
+    """The topmost folder above `path` that other users cannot enter (e.g. /root, mode 700), or None."""
+    current = "/"
+    for part in Path(path).parts[1:]:
+        current = os.path.join(current, part)
+        if not os.stat(current).st_mode & 0o001:
+            return current
+    return None
+
+
+def _reach_script(paths: list[str], staging: str) -> str:
+    """Shell lines, run as root in a private mount namespace, that leave `paths` reachable for another user: each
+    private ancestor is covered by an empty tmpfs and the path alone is mounted back."""
+    moves = [(ancestor, path) for path in paths if (ancestor := _private_ancestor(path))]
+    lines = [f"mkdir -p {staging}/{i} && mount --bind {path} {staging}/{i}" for i, (_, path) in enumerate(moves)]
+    lines += [f"mount -t tmpfs -o mode=0755 tmpfs {ancestor}" for ancestor in sorted({a for a, _ in moves})]
+    lines += [f"mkdir -p {path} && mount --move {staging}/{i} {path}" for i, (_, path) in enumerate(moves)]
+    return "\n".join(lines)
+
+
+def test_everything_above_again_as_an_unprivileged_user():
+    """CI runs as root: this reruns the sandbox and code-reward tests as an ordinary user, whose inner sandbox is a user
+    namespace, with the user's own home holding the private file."""
+    if os.geteuid() != 0:
+        pytest.skip("already unprivileged: the tests above ran as this user")
+    if shutil.which("useradd") is None or shutil.which("setpriv") is None:
+        pytest.skip("cannot run as another user: `useradd` (passwd) and `setpriv` (util-linux) are needed as root")
+    if subprocess.run(["id", "-u", UNPRIVILEGED_USER], capture_output=True).returncode != 0:
+        created = subprocess.run(["useradd", "--create-home", UNPRIVILEGED_USER], capture_output=True, text=True)
+        if created.returncode != 0:
+            pytest.skip(f"cannot create user {UNPRIVILEGED_USER!r}: {created.stderr.strip()}")
+    uid = int(subprocess.check_output(["id", "-u", UNPRIVILEGED_USER]))
+    gid = int(subprocess.check_output(["id", "-g", UNPRIVILEGED_USER]))
+    home = Path(os.path.expanduser(f"~{UNPRIVILEGED_USER}"))
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chown(home, uid, gid)
+    scratch = Path(tempfile.mkdtemp(prefix="ts_trl_as_user_"))  # not under pytest's folder, which is private to root
+    os.chown(scratch, uid, gid)
+    needed = sorted({os.path.realpath(path) for path in (sys.base_prefix, sys.prefix, CHECKOUT)})
+    needed = [path for path in needed if not any(path.startswith(other + "/") for other in needed)]
+    stage = tempfile.mkdtemp(prefix="ts_trl_stage_")
+    script = _reach_script(needed, stage)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(CHECKOUT),
+           "HF_HUB_OFFLINE": "1", "LANG": "C.UTF-8"}  # fmt: skip
+    pytest_args = [
+        sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--basetemp={scratch / 'pytest'}",
+        str(CHECKOUT / "tests" / "test_sandbox.py"), str(CHECKOUT / "tests" / "test_rewards.py"), "-k", "code or sandbox",
+    ]  # fmt: skip
+    as_user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *pytest_args]
+    command = as_user
+    if script:
+        if shutil.which("unshare") is None:
+            pytest.skip(f"{needed} are not reachable by another user and `unshare` is missing to expose them")
+        command = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-ec",
+            script + '\nexec "$@"',
+            "sh",
+            *as_user,
+        ]
+    try:
+        done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+    report = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, report
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("already unprivileged" in line for line in skipped), report
+    assert " passed" in done.stdout, report

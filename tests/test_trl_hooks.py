@@ -32,6 +32,7 @@ EXPECTED = {
     "_compute_loss": ["self", "model", "inputs"],
     "_tokenize_prompts": ["self", "prompts"],
     "create_model_card": ["self", "model_name", "dataset_name", "tags"],
+    "_save_checkpoint": ["self", "model", "trial"],  # transformers' Trainer: where every save strategy saves
 }
 
 

@@ -218,7 +218,10 @@ class SeedBank:
     Rollouts loaded from another run's seed dataset are always old enough.
     """
 
-    def __init__(self):
+    def __init__(self, success_reward: str | None = None, success_threshold: float = 0.0):
+        # A rollout succeeded when its `success_reward` (a reward function's name; None: the weighted total) is
+        # above `success_threshold`; the bank keeps that reward as each rollout's `reward`.
+        self.success_reward, self.success_threshold = success_reward, success_threshold
         self._tokens = _Payload((np.int32, np.float32), TOKEN_LENGTH_BITS)  # token ids and behaviour log-probs
         self._id_text = _Payload((np.uint8,), ID_LENGTH_BITS)
         self._token_address = _Column(np.int64)
@@ -301,10 +304,13 @@ class SeedBank:
             np.concatenate(ids),
             np.concatenate(logps),
             offsets,
-            [np.nan if r.reward is None else r.reward for r in rollouts],
+            [np.nan if reward is None else reward for reward in map(self._success_value, rollouts)],
             [r.step for r in rollouts],
             external=False,
         )
+
+    def _success_value(self, rollout: Rollout) -> float | None:
+        return rollout.rewards.get(self.success_reward, rollout.reward) if self.success_reward else rollout.reward
 
     def add_table(self, table: pa.Table, external: bool = False) -> None:
         """Stores every row of a seed-dataset table, column by column; token ids and log-probs are not copied.
@@ -523,7 +529,8 @@ class SeedBank:
         """Draws one seed per prompt (None where the prompt has no eligible seed) according to `selection`.
 
         `passrate` steers each group toward a 50% pass rate: prompts the policy mostly fails (`pass_rates` < 0.5)
-        get successful seeds (reward > 0), prompts it mostly solves get failing ones; unknown prompts are uniform.
+        get successful seeds (reward > success_threshold), prompts it mostly solves get failing ones; unknown prompts
+        are uniform.
         """
         if selection not in SEED_SELECTIONS:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
@@ -538,7 +545,7 @@ class SeedBank:
             ]
         if "success" in wants or "failure" in wants:
             want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)[group]
-            success = self._reward.values[indices] > 0
+            success = self._reward.values[indices] > self.success_threshold
             keep &= np.where(want == SEED_SELECTIONS.index("success"), success, True)
             keep &= np.where(want == SEED_SELECTIONS.index("failure"), ~success, True)
         kept = np.flatnonzero(keep)  # positions in `indices`, still grouped by prompt

@@ -416,9 +416,8 @@ def check_columns(dataset, reward_funcs) -> None:
 class SaveOnInterrupt(TrainerCallback):
     """On Ctrl-C, finishes the current step, saves a checkpoint (and its seed shard) and stops; a second Ctrl-C aborts.
 
-    Must be passed to the trainer's constructor (`callbacks=[...]`), so it runs before the trainer's own
-    `SeedSnapshotCallback`, which writes the shard when `control.should_save` is set in `on_step_end`. With several
-    processes the flag is agreed on at every step end, so all ranks save the same step.
+    The save goes through `SeedGRPOTrainer._save_checkpoint` like any other, which writes the seed shard first. With
+    several processes the flag is agreed on at every step end, so all ranks save the same step.
     """
 
     def __init__(self):

@@ -38,18 +38,28 @@ class SeedGRPOConfig(GRPOConfig):
         prefix_is_clip (`float`, *optional*, defaults to `2.0`):
             Truncation of the prefix importance ratio in `"action"` mode (and of replayed rollouts' ratio).
         seed_selection (`str`, *optional*, defaults to `"uniform"`):
-            Which eligible rollout of a prompt seeds its group: `"uniform"`, `"oldest"`, `"success"` (reward > 0),
-            `"failure"` (reward <= 0) or `"passrate"` (successful seeds for prompts the policy mostly fails,
+            Which eligible rollout of a prompt seeds its group: `"uniform"`, `"oldest"`, `"success"` (see
+            `success_reward`), `"failure"` or `"passrate"` (successful seeds for prompts the policy mostly fails,
             failing seeds for prompts it mostly solves).
         seed_min_age (`int`, *optional*, defaults to `1`):
             A seed must have been generated at least this many optimizer steps before the step that uses it.
         seed_snapshot_only (`bool`, *optional*, defaults to `True`):
             Seed only from rollouts already written to a snapshot, i.e. from an earlier checkpoint.
+        seed_snapshot_steps (`int`, *optional*):
+            Also write a seed shard every this many steps, independent of checkpoints. Every checkpoint, whatever
+            the `save_strategy`, writes its shard first; with `save_strategy="no"` and `seed_snapshot_only=True`
+            this (or a `seed_dataset`) is required, since otherwise no rollout could ever become a seed.
         seed_dataset (`str`, *optional*):
             A seed dataset to start from: the output directory of an earlier run, its `seeds/` folder, or Parquet
             shards. Must come from a tokenizer with the same vocabulary.
         replay_per_group (`int`, *optional*, defaults to `1`):
             With `seed_method="replay"`: how many of a group's `num_generations` slots are filled by old rollouts.
+        success_reward (`str`, *optional*):
+            The reward function (its name, as in the `rewards/<name>/mean` metric) whose value decides whether a
+            rollout succeeded, for `seed_selection` `"success"`, `"failure"` and `"passrate"`. Defaults to the first
+            reward function, so a format bonus from a later one never turns a wrong answer into a success.
+        success_threshold (`float`, *optional*, defaults to `0.0`):
+            A rollout succeeded when its `success_reward` is strictly greater than this.
 
         > Parameters that control the seed dataset on the Hub
 
@@ -91,11 +101,21 @@ class SeedGRPOConfig(GRPOConfig):
     seed_snapshot_only: bool = field(
         default=True, metadata={"help": "Seed only from rollouts already in a written snapshot (earlier checkpoint)."}
     )
+    seed_snapshot_steps: int | None = field(
+        default=None, metadata={"help": "Also write a seed shard every this many steps, independent of checkpoints."}
+    )
     seed_dataset: str | None = field(
         default=None, metadata={"help": "Seed dataset to start from: a run's output_dir, its seeds/ folder or shards."}
     )
     replay_per_group: int = field(
         default=1, metadata={"help": "seed_method='replay': group slots filled by old rollouts."}
+    )
+    success_reward: str | None = field(
+        default=None,
+        metadata={"help": "Reward function whose value decides success (default: the first reward function)."},
+    )
+    success_threshold: float = field(
+        default=0.0, metadata={"help": "A rollout succeeded when its success_reward is strictly above this."}
     )
 
     push_seeds_to_hub: bool = field(
@@ -128,6 +148,20 @@ class SeedGRPOConfig(GRPOConfig):
             raise ValueError(f"prefix_is_clip must be positive, got {self.prefix_is_clip}.")
         if self.seed_min_age < 0:
             raise ValueError(f"seed_min_age must be >= 0, got {self.seed_min_age}.")
+        if self.seed_snapshot_steps is not None and self.seed_snapshot_steps < 1:
+            raise ValueError(f"seed_snapshot_steps must be >= 1 (or unset), got {self.seed_snapshot_steps}.")
+        if (
+            self.seed_method != "none"
+            and self.save_strategy == "no"
+            and self.seed_snapshot_only
+            and self.seed_snapshot_steps is None
+            and self.seed_dataset is None
+        ):
+            raise ValueError(
+                "save_strategy='no' writes no checkpoint, hence no seed shard, and seed_snapshot_only=True seeds only "
+                "from written shards: nothing would ever be seeded. Set seed_snapshot_steps=N (a shard every N "
+                "steps), or seed_snapshot_only=False."
+            )
         if self.push_seeds_to_hub and self.hub_seed_dataset_id is None:
             if self.hub_model_id is None:
                 raise ValueError(

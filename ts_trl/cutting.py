@@ -76,9 +76,12 @@ class SeedCollator:
     def __call__(self, prompt_ids: Sequence[int], seed_ids: Sequence[int], cut: Cut) -> Splice:
         if not 1 <= cut.k < len(seed_ids):
             raise ValueError(f"A cut must satisfy 1 <= k < len(seed) = {len(seed_ids)}, got k = {cut.k}.")
-        prefix_ids = list(seed_ids[: cut.k])
+        # Plain ints: the bank stores int32 arrays, and the spliced ids go on to JSON (vLLM server) and foreign APIs.
+        prefix_ids = [int(t) for t in seed_ids[: cut.k]]
         trained = 1 if self.prefix_mode == "action" else 0
-        return Splice(prompt_ids=list(prompt_ids) + prefix_ids, prefix_ids=prefix_ids, prefix_mask=[trained] * cut.k)
+        return Splice(
+            prompt_ids=[int(t) for t in prompt_ids] + prefix_ids, prefix_ids=prefix_ids, prefix_mask=[trained] * cut.k
+        )
 
     @staticmethod
     def response(splice: Splice, continuation_ids: Sequence[int], budget: int) -> tuple[list[int], list[int]]:
@@ -88,6 +91,24 @@ class SeedCollator:
         """
         continuation = list(continuation_ids[: max(budget - len(splice.prefix_ids), 0)])
         return splice.prefix_ids + continuation, splice.prefix_mask + [1] * len(continuation)
+
+
+def continuation_budget(
+    prefix_len: int, context_len: int, max_completion_length: int, max_model_len: int | None = None
+) -> int:
+    """How many tokens a row may generate: what its prefix leaves of `max_completion_length` (invariant 4), and no
+    more than fits after its `context_len` prompt + prefix tokens in an engine of `max_model_len` positions.
+    """
+    budget = max_completion_length - prefix_len
+    if max_model_len is not None:
+        budget = min(budget, max_model_len - context_len)
+    if budget < 1:
+        raise ValueError(
+            f"A prompt of {context_len - prefix_len} tokens with a seed prefix of {prefix_len} tokens leaves nothing to "
+            f"generate within max_completion_length={max_completion_length} and the engine's max_model_len="
+            f"{max_model_len}. Raise vllm_max_model_length (or the server's --max-model-len), or shorten the prompts."
+        )
+    return budget
 
 
 def prefix_importance_weights(

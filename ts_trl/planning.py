@@ -15,7 +15,7 @@ import numpy as np
 from .bank import Seed, SeedBank
 from .cutting import Cut, Splice, choose_cut, draw_ratio
 
-PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass-rate estimate (seed_selection="passrate")
+PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate") and mean reward
 
 
 @dataclass
@@ -65,10 +65,14 @@ class GroupPlanner:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.boundary_token_ids = boundary_token_ids
         self.pass_rates: dict[str, float] = {}  # prompt id -> moving pass rate of its plain (unseeded) rollouts
+        self.reward_means: dict[str, float] = {}  # prompt id -> moving mean reward of its plain rollouts
         self._generation_key = (-1, 0)  # (global step, generations at that step)
 
-    def reset(self, pass_rates: dict[str, float] | None = None) -> None:
-        self.pass_rates = dict(pass_rates or {})
+    def reset(self, state: dict | None = None) -> None:
+        """Starts a run: empty statistics, or those a checkpoint kept (`state()`)."""
+        state = state or {}
+        self.pass_rates = dict(state.get("pass_rates", {}))
+        self.reward_means = dict(state.get("reward_means", {}))
         self._generation_key = (-1, 0)
 
     def plan(self, bank: SeedBank, keys: Sequence[str], step: int, first_row: int, local_size: int) -> GroupPlan:
@@ -159,18 +163,55 @@ class GroupPlanner:
             group_keys=list(group_keys),
         )
 
-    def update_pass_rates(self, plan: GroupPlan, passed: np.ndarray) -> None:
-        """Moves each prompt's pass rate toward the share of its plain rows in this batch that `passed`.
+    def observe(self, plan: GroupPlan, rewards: np.ndarray, passed: np.ndarray) -> None:
+        """Moves each prompt's pass rate and mean reward toward those of its plain rows in this batch.
 
-        `passed` holds one bool per global row. Only plain rows count: a seeded or replayed row says how well the
-        policy does from a given state, not from the prompt. Every rank sees the same gathered rewards, so every rank
-        keeps the same rates and plans the same seeds.
+        `rewards` and `passed` hold one value per global row. Only plain rows count: a seeded or replayed row says
+        how well the policy does from a given state, not from the prompt. Every rank sees the same gathered rewards,
+        so every rank keeps the same statistics and plans the same seeds.
         """
         plain = ~(plan.global_seeded | plan.global_replayed)
         G = self.num_generations
         for g, key in enumerate(plan.group_keys):
             rows = slice(g * G, (g + 1) * G)
             if plain[rows].any():
-                rate = float(passed[rows][plain[rows]].mean())
-                old = self.pass_rates.get(key)
-                self.pass_rates[key] = rate if old is None else PASS_RATE_DECAY * old + (1 - PASS_RATE_DECAY) * rate
+                _decay_into(self.pass_rates, key, float(passed[rows][plain[rows]].mean()))
+                scored = rewards[rows][plain[rows]]
+                if np.isfinite(scored).any():
+                    _decay_into(self.reward_means, key, float(np.nanmean(scored)))
+
+    def state(self) -> dict:
+        """What a checkpoint must keep for a resumed run to plan the same seeds (JSON-serialisable)."""
+        return {"planner": {"pass_rates": dict(self.pass_rates), "reward_means": dict(self.reward_means)}}
+
+
+def _decay_into(stats: dict[str, float], key: str, value: float) -> None:
+    old = stats.get(key)
+    stats[key] = value if old is None else PASS_RATE_DECAY * old + (1 - PASS_RATE_DECAY) * value
+
+
+def state_advantages(rewards: np.ndarray, plan: GroupPlan, num_generations: int, planner: GroupPlanner) -> np.ndarray:
+    """Per global row, the advantage of the state a seeded group starts from: `V(state) - b(prompt)` (else 0).
+
+    `V(state)` is the mean reward of the group's continuations from `prompt + seed[:k]`, an unbiased estimate of the
+    state's value under the current policy. `b(prompt)` is the prompt's value without a prefix: the mean reward of
+    its plain rows in this batch when it has any, else the moving mean of its earlier plain rows
+    (`planner.reward_means`). A prompt with neither gets 0: its prefix actions are not trained this batch.
+    """
+    G = num_generations
+    plain = ~(plan.global_seeded | plan.global_replayed)
+    in_batch: dict[str, list[float]] = {}
+    for g, key in enumerate(plan.group_keys):
+        rows = slice(g * G, (g + 1) * G)
+        in_batch.setdefault(key, []).extend(rewards[rows][plain[rows]].tolist())
+    advantages = np.zeros(len(rewards), dtype=np.float64)
+    for g, key in enumerate(plan.group_keys):
+        rows = slice(g * G, (g + 1) * G)
+        if not plan.global_seeded[rows].any():
+            continue
+        scored = [r for r in in_batch[key] if np.isfinite(r)]
+        baseline = float(np.mean(scored)) if scored else planner.reward_means.get(key)
+        group = rewards[rows]
+        if baseline is not None and np.isfinite(group).any():
+            advantages[rows] = float(np.nanmean(group)) - baseline
+    return advantages

@@ -176,7 +176,7 @@ def write_bank_file(table: pa.Table, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    table = table.select(list(TABLE_COLUMNS))
+    table = table.select(_bank_columns(table.column_names))
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     with open(tmp, "rb") as f:
@@ -197,7 +197,8 @@ def read_bank_tables(seeds_dir: Path, shards: Sequence[dict]) -> pa.Table | None
         if bank_file is not None and bank_file.exists():
             tables.append(map_bank_file(bank_file))
         else:
-            tables.append(pq.read_table(Path(seeds_dir) / shard["file"], columns=list(TABLE_COLUMNS)))
+            path = Path(seeds_dir) / shard["file"]
+            tables.append(pq.read_table(path, columns=_bank_columns(pq.read_schema(path).names)))
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
@@ -207,8 +208,22 @@ def read_table(paths: Sequence[Path], columns: Sequence[str] | None = None) -> p
 
 
 def fill_bank(bank: SeedBank, table: pa.Table, external: bool = False) -> None:
-    """Adds every row of a seed-dataset table to `bank`, column by column (the token buffers are not copied)."""
+    """Adds every row of a seed-dataset table to `bank`, column by column (the token buffers are not copied).
+
+    The success reward's own column is the bank's reward where the dataset has it (a ts_trl run's shards do), else the
+    weighted total.
+    """
+    if table is None or table.num_rows == 0:
+        return
+    success_column = f"reward_{bank.success_reward}"
+    if bank.success_reward and success_column in table.column_names:
+        table = table.set_column(table.schema.get_field_index("reward"), "reward", table.column(success_column))
     bank.add_table(table, external=external)
+
+
+def _bank_columns(names: Sequence[str]) -> list[str]:
+    """The columns the bank reads: its own and the per-function rewards (one may be the success reward)."""
+    return [n for n in names if n in TABLE_COLUMNS or n.startswith("reward_")]
 
 
 def resolve_seed_dataset(path: str | os.PathLike) -> list[Path]:
@@ -291,19 +306,30 @@ class SeedStore:
         hub_dataset_id: str | None = None,
         hub_token: str | None = None,
         metrics: dict | None = None,
+        success_reward: str | None = None,
+        success_threshold: float = 0.0,
+        snapshot_steps: int | None = None,
     ):
         self.output_dir = Path(output_dir)
         self.accelerator = accelerator
         self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
         self.external_seeds = external_seeds
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
-        self.bank = SeedBank()
+        self.success = (success_reward, success_threshold)
+        self.snapshot_steps = snapshot_steps
+        # What else a checkpoint must keep for a resumed run to plan as the uninterrupted one (the planner's
+        # statistics): `checkpoint_state()` is written into each checkpoint pointer, read back as `resumed_state`.
+        self.checkpoint_state = dict
+        self.resumed_state: dict = {}
+        self.bank = SeedBank(*self.success)
         if external_seeds is not None:
             fill_bank(self.bank, external_seeds, external=True)
         self.run_id: str | None = None
         self.manifest: SeedManifest | None = None
         self.pending: list[PendingRollout] = []  # this rank's rollouts waiting for their behaviour log-probs
-        self.unsnapshotted: list[Rollout] = []  # main process: rollouts since the last snapshot, all ranks
+        # Main process: the rollouts of all ranks since the last snapshot, as Arrow tables (the shard's own columns,
+        # ~8 bytes a token plus the text) rather than Python lists (~36 bytes a token).
+        self.unsnapshotted: list[pa.Table] = []
         self.pusher = None
         if hub_dataset_id is not None and accelerator.is_main_process:
             from .hub import SeedHubPusher
@@ -317,8 +343,8 @@ class SeedStore:
     def start(self, checkpoint: str | None) -> None:
         """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
         accelerator = self.accelerator
-        self.bank = SeedBank()
-        self.pending, self.unsnapshotted = [], []
+        self.bank = SeedBank(*self.success)
+        self.pending, self.unsnapshotted, self.resumed_state = [], [], {}
         if self.external_seeds is not None:
             fill_bank(self.bank, self.external_seeds, external=True)
         manifest = SeedManifest.load(self.seeds_dir)
@@ -331,9 +357,15 @@ class SeedStore:
                 )
             pointer = Path(checkpoint) / CHECKPOINT_POINTER
             if pointer.exists():
-                shards = json.loads(pointer.read_text())["shards"]
+                payload = json.loads(pointer.read_text())
+                shards = payload["shards"]
+                self.resumed_state = payload.get("state", {})
             else:  # crashed between the shard and the pointer: the shard of this step is on disk already
                 shards = [s for s in manifest.shards if s["step"] <= step]
+                logger.warning(
+                    f"{pointer} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
+                    "of seed_selection='passrate' start afresh."
+                )
             fill_bank(self.bank, read_bank_tables(self.seeds_dir, shards))
             self.bank.mark_snapshotted()
             run_id = manifest.run_id
@@ -371,7 +403,9 @@ class SeedStore:
         rollouts = gather_object(local) if self.accelerator.num_processes > 1 else local
         self.bank.add_rollouts(rollouts)
         if self.accelerator.is_main_process:
-            self.unsnapshotted.extend(rollouts)
+            if rollouts:
+                table = rollouts_to_table(rollouts, "", self.model_name, self.tokenizer_fp, self.reward_names)
+                self.unsnapshotted.append(table)
 
     def write_snapshot(self, step: int, final: bool = False) -> Path | None:
         """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them."""
@@ -379,11 +413,17 @@ class SeedStore:
             return None
         self.flush()
         path = None
-        if self.accelerator.is_main_process and (self.unsnapshotted or not final):
+        # An empty shard marks a checkpoint without new rollouts; one already written for this step is kept (a step
+        # can both reach `snapshot_steps` and save a checkpoint).
+        done = self.manifest is not None and any(s["step"] == step for s in self.manifest.shards)
+        if self.accelerator.is_main_process and (self.unsnapshotted or not (final or done)):
             checkpoint = "final" if final else f"{PREFIX_CHECKPOINT_DIR}-{step}"
-            table = rollouts_to_table(
-                self.unsnapshotted, checkpoint, self.model_name, self.tokenizer_fp, self.reward_names
-            )
+            tables = self.unsnapshotted or [
+                rollouts_to_table([], "", self.model_name, self.tokenizer_fp, self.reward_names)
+            ]
+            table = pa.concat_tables(tables)
+            column = table.schema.get_field_index("checkpoint")
+            table = table.set_column(column, "checkpoint", pa.array([checkpoint] * table.num_rows, pa.string()))
             path = self.seeds_dir / shard_name(step)
             write_shard(table, path)
             write_bank_file(table, self.seeds_dir / bank_file_name(step))
@@ -420,6 +460,7 @@ class SeedStore:
             return
         shards = [s for s in self.manifest.shards if s["step"] <= step]
         payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
+        payload["state"] = self.checkpoint_state()
         atomic_write_json(folder / CHECKPOINT_POINTER, payload)
 
     def finish_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
@@ -448,17 +489,19 @@ def checkpoint_step(checkpoint: str | os.PathLike) -> int:
 
 
 class SeedSnapshotCallback(TrainerCallback):
-    """Writes the rollouts generated since the last snapshot as one shard whenever the trainer saves a checkpoint.
+    """Writes a shard every `seed_snapshot_steps` steps and at the end, and records each checkpoint's shards.
 
-    The shard is written in `on_step_end`, once the step has decided to save and before the checkpoint folder exists,
-    so a checkpoint on disk always has its shard; `on_save` then records in the checkpoint which shards it covers.
+    The shard of a checkpoint is written by `SeedGRPOTrainer._save_checkpoint`, which every save strategy goes
+    through right before the checkpoint folder is written, so a checkpoint on disk always has its shard; `on_save`
+    then records in the checkpoint which shards it covers.
     """
 
     def __init__(self, store: SeedStore):
         self.store = store
 
     def on_step_end(self, args, state, control, **kwargs):
-        if control.should_save:
+        every = self.store.snapshot_steps
+        if every and state.global_step % every == 0:
             self.store.write_snapshot(state.global_step)
 
     def on_save(self, args, state, control, **kwargs):

@@ -7,11 +7,12 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `prefix_mode="action"` folds the truncated prefix importance ratio into per-token advantages.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response. With static HF `generate`, only the prefix length every row shares is
-  spliced and each row emits the rest of its prefix as forced first tokens (`prefix_forcing.py`): no row decodes past
-  its budget or is padded for another row's prefix. With `seed_method="replay"`, rows planned as replays are left out of
-  the backend call and filled with a whole stored rollout (planned as a cut at its full length, trained as actions
-  with the same truncated importance ratio, and not banked again).
+  rewards and the loss see the whole response; vLLM is asked, per request, for the budget each prefix leaves
+  (`backends.py`). With static HF `generate`, only the prefix length every row shares is spliced and each row emits
+  the rest of its prefix as forced first tokens (`prefix_forcing.py`): no row decodes past its budget or is padded for
+  another row's prefix. With `seed_method="replay"`, rows planned as replays are left out of the backend call and
+  filled with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
+  importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
@@ -42,12 +43,13 @@ from transformers import LogitsProcessorList
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
+from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .config import SeedGRPOConfig
 from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
-from .planning import GroupPlan, GroupPlanner
+from .planning import GroupPlan, GroupPlanner, state_advantages
 from .prefix_forcing import ForcedPrefix, strip_forced
 from .snapshots import (
     PendingRollout,
@@ -67,6 +69,7 @@ TRL_HOOKS = (
     "_get_per_token_logps_and_entropies",
     "_compute_loss",
     "_tokenize_prompts",
+    "_save_checkpoint",
 )
 
 
@@ -108,6 +111,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
+        if args.success_reward is not None and args.success_reward not in self.reward_func_names:
+            raise ValueError(
+                f"success_reward={args.success_reward!r} is not one of the reward functions {self.reward_func_names}; "
+                "set it to one of those names, or leave it unset to use the first."
+            )
+        self._success_index = self.reward_func_names.index(args.success_reward or self.reward_func_names[0])
         self.planner = GroupPlanner(
             args,
             self.num_generations,
@@ -125,9 +134,15 @@ class SeedGRPOTrainer(GRPOTrainer):
             hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
             hub_token=args.hub_token,
             metrics=self._metrics["train"],
+            success_reward=self.reward_func_names[self._success_index],
+            success_threshold=args.success_threshold,
+            snapshot_steps=args.seed_snapshot_steps,
         )
+        self.seed_store.checkpoint_state = self.planner.state
         self._plan: GroupPlan | None = None
+        self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         self._captured_logps: list[torch.Tensor] | None = None
+        self._loss_inputs: dict | None = None  # the batch `_compute_loss` is working on, for the forward hook
         self._last_rewards_per_func: torch.Tensor | None = None
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
@@ -157,10 +172,16 @@ class SeedGRPOTrainer(GRPOTrainer):
             rendered = self._tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
             lengths += [len(ids) for ids in (rendered if isinstance(rendered, list) else rendered["input_ids"])]
         longest = max(lengths, default=0)
-        if max_positions is not None and longest + self.max_completion_length > max_positions:
+        limit, fix = max_positions, "Shorten or filter the prompts, or lower max_completion_length."
+        if self.use_vllm and self.vllm_mode == "colocate":  # the server's limit is checked at each request
+            engine_len = self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            if limit is None or engine_len < limit:
+                limit, fix = engine_len, f"{fix[:-1]}, or raise vllm_max_model_length."
+        if limit is not None and longest + self.max_completion_length > limit:
+            where = f"model's {limit} positions" if limit == max_positions else f"vLLM engine's max_model_len={limit}"
             raise ValueError(
                 f"A prompt of {longest} tokens plus max_completion_length={self.max_completion_length} exceeds the "
-                f"model's {max_positions} positions. Shorten or filter the prompts, or lower max_completion_length."
+                f"{where}. {fix}"
             )
 
     @property
@@ -174,8 +195,8 @@ class SeedGRPOTrainer(GRPOTrainer):
                 checkpoint = get_last_checkpoint(self.args.output_dir)
                 if checkpoint is None:
                     raise ValueError(f"No checkpoint found in output_dir={self.args.output_dir!r} to resume from.")
-            self.planner.reset()
             self.seed_store.start(checkpoint or None)
+            self.planner.reset(self.seed_store.resumed_state.get("planner"))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -203,9 +224,11 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
         if plan is None or not plan.any_seeded:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
+            with self._vllm_request_budgets(plan, [0] * len(prompt_ids)):
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         plan.splices = [
             self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
             for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
@@ -226,7 +249,12 @@ class SeedGRPOTrainer(GRPOTrainer):
                 if splice is not None:
                     spliced[i] = list(prompt_ids[i]) + list(splice.prefix_ids[:common])
                     forced[i] = list(splice.prefix_ids[common:])
-        with self._generation_budget(budget), self._forcing([forced[i] for i in generated]):
+        prefix_lens = [len(plan.splices[i].prefix_ids) if plan.splices[i] is not None else 0 for i in generated]
+        with (
+            self._generation_budget(budget),
+            self._forcing([forced[i] for i in generated]),
+            self._vllm_request_budgets(plan, prefix_lens),
+        ):
             continuations, logprobs = super()._generate_single_turn(
                 [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
@@ -237,7 +265,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
             if plan.replayed[i]:  # the old rollout whole: every token trained (as action, IS-weighted), none generated
-                response = list(plan.seeds[i].completion_ids[: plan.cuts[i].k])
+                response = [int(t) for t in plan.seeds[i].completion_ids[: plan.cuts[i].k]]
                 mask, k, continuation = [1] * len(response), len(response), []
             elif splice is None:
                 continuation = list(continuation)
@@ -259,7 +287,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Lowers `max_new_tokens` to `budget`, the most decode steps any row of the global batch needs.
 
         The bound is global, so every rank (ZeRO-3 generation steps in lockstep) generates the same number of steps.
-        vLLM keeps its own limit; the continuation is truncated to its budget afterwards in every case.
+        vLLM requests get their budgets from `_vllm_request_budgets`; the continuation is truncated to its budget
+        afterwards in every case.
         """
         if self.use_vllm or budget >= self.max_completion_length:
             yield
@@ -270,6 +299,39 @@ class SeedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self.generation_config.max_new_tokens, self.generation_kwargs["max_new_tokens"] = saved
+
+    @contextlib.contextmanager
+    def _vllm_request_budgets(self, plan: GroupPlan | None, prefix_lens: list[int]):
+        """Asks vLLM, per prompt, for exactly the budget its prefix leaves (`max_completion_length - k`), within the
+        engine's `max_model_len`; see `backends.py`. `prefix_lens`: the prefix length of each row this rank sends.
+        """
+        if not self.use_vllm or plan is None or not plan.global_seeded.any():
+            yield
+            return
+        backend, budget = self.vllm_generation, self.max_completion_length
+        # Per global row: the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt).
+        global_prefix_lens = np.where(plan.global_seeded, plan.global_prefix_len, 0)
+        if self.vllm_mode == "colocate":
+            tp = self.vllm_tensor_parallel_size
+            if tp > 1:  # the engine sees the rows of the whole tensor-parallel group, rank after rank
+                size = tp * len(prefix_lens)
+                start = self.accelerator.process_index // tp * size
+                prefix_lens = global_prefix_lens[start : start + size].tolist()
+            max_model_len = backend.llm.llm_engine.model_config.max_model_len
+            wrapped = per_prompt_sampling_params(backend.llm.generate, prefix_lens, budget, max_model_len)
+            with replaced(backend.llm, "generate", wrapped):
+                yield
+        elif self.accelerator.is_main_process:  # server: the main process sends one prompt per group of all ranks
+            if self._vllm_max_model_len is None:
+                info = backend.vllm_client.get_server_info()
+                self._vllm_max_model_len = int(info["model_config"]["max_model_len"])
+            group_prefix_lens = global_prefix_lens[:: self.num_generations].tolist()
+            client = backend.vllm_client
+            wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._vllm_max_model_len)
+            with replaced(client, "generate", wrapped):
+                yield
+        else:
+            yield
 
     @property
     def _forces_prefixes(self) -> bool:
@@ -331,15 +393,10 @@ class SeedGRPOTrainer(GRPOTrainer):
         # Behaviour log-probs: the backend's (vLLM), else the pre-update policy's when TRL computed them, else the
         # training forward's, captured in `_compute_loss` (identical to TRL's own `old_per_token_logps` then).
         current_logps = output.get("old_per_token_logps")
-        self.planner.update_pass_rates(plan, (total > 0).cpu().numpy())
-        # Tokens the current policy did not sample (seed prefixes in "action" mode, replayed rollouts) are trained
-        # with the truncated ratio pi_theta / pi_behaviour.
-        trains_old_tokens = self.args.prefix_mode == "action" or self.args.seed_method == "replay"
-        seeded_rows = [i for i, c in enumerate(plan.cuts) if c is not None]
-        if trains_old_tokens and seeded_rows:
-            if current_logps is None:
-                current_logps = self._policy_logps(output)
-            self._weight_prefix_actions(output, plan, current_logps)
+        if self._trains_old_tokens:
+            self._prepare_old_token_training(output, plan, total)
+        success = (rewards_per_func[:, self._success_index] > self.args.success_threshold).cpu().numpy()
+        self.planner.observe(plan, total.cpu().numpy(), success)
 
         step, count, run_id = plan.step, plan.count, self.seed_store.run_id
         pending_rows = []  # per local row: its index in the store's pending queue, -1 if replayed
@@ -356,7 +413,7 @@ class SeedGRPOTrainer(GRPOTrainer):
                 prompt_id=_prompt_key(row),
                 prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
                 completion=completion if isinstance(completion, str) else json.dumps(completion),
-                completion_ids=response,
+                completion_ids=np.asarray(response, np.int32),  # compact from here to the shard
                 logprobs=(),
                 reward=local_total[i],
                 step=step,
@@ -376,36 +433,67 @@ class SeedGRPOTrainer(GRPOTrainer):
             output["seed_rollout_row"] = torch.tensor(pending_rows, device=device)
         self._log_seed_metrics(plan, total, output)
 
-    def _policy_logps(self, output) -> torch.Tensor:
-        """Per-token log-probs of the completions under the current policy (one no-grad forward pass)."""
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                output["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        return logps
+    @property
+    def _trains_old_tokens(self) -> bool:
+        """Whether some trained tokens were sampled by an earlier policy: seed prefixes in "action" mode, replays."""
+        return self.args.prefix_mode == "action" or self.args.seed_method == "replay"
 
-    def _weight_prefix_actions(self, output, plan: GroupPlan, current_logps: torch.Tensor) -> None:
-        """Turns advantages into per-token ones, scaling prefix tokens by the truncated ratio pi_theta / pi_behaviour."""
-        shape, device = output["completion_ids"].shape, output["completion_ids"].device
-        behaviour = torch.zeros(shape, device=device)
-        prefix_mask = torch.zeros(shape, dtype=torch.long, device=device)
-        for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
-            if cut is not None:
-                behaviour[i, : cut.k] = torch.as_tensor(np.asarray(seed.logprobs[: cut.k]), device=device)
-                prefix_mask[i, : cut.k] = 1
-        weights = prefix_importance_weights(current_logps, behaviour, prefix_mask, self.args.prefix_is_clip)
+    def _prepare_old_token_training(self, output, plan: GroupPlan, total_rewards: torch.Tensor) -> None:
+        """Gives the tokens an earlier policy sampled their advantage and behaviour log-probs (weighted in the loss).
+
+        Prefix tokens of a seeded group ("action" mode) get the state advantage of `planning.state_advantages`: the
+        group's advantages are centred on the group mean, so they sum to zero over the shared prefix and would
+        cancel. Replayed rollouts keep their row advantage: their tokens are their own, not shared with the group.
+        Built on every rank, seeded or not, so that every rank runs the same collectives in the loss.
+        """
+        completion_ids = output["completion_ids"]
+        device = completion_ids.device
         advantages = output["advantages"]
-        output["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
-        prefix_weights = weights[prefix_mask.bool()]
-        self._metrics["train"]["seeds/prefix_is_ratio_mean"].append(
-            self.accelerator.gather(prefix_weights.mean().reshape(1)).nanmean().item()
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        advantages = advantages.expand(completion_ids.shape).clone()
+        behaviour = torch.zeros(completion_ids.shape, device=device)
+        old_tokens = torch.zeros(completion_ids.shape, dtype=torch.long, device=device)
+        state_advantage = state_advantages(total_rewards.cpu().numpy(), plan, self.num_generations, self.planner)
+        if self.args.scale_rewards != "none":  # the same unit as TRL's advantages: reward standard deviations
+            state_advantage = state_advantage / (float(np.nanstd(total_rewards.cpu().numpy())) + 1e-4)
+        first = self.accelerator.process_index * len(plan.cuts)
+        for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
+            if cut is None:
+                continue
+            behaviour[i, : cut.k] = torch.as_tensor(np.asarray(seed.logprobs[: cut.k], np.float32), device=device)
+            old_tokens[i, : cut.k] = 1
+            if not plan.replayed[i]:
+                advantages[i, : cut.k] = float(state_advantage[first + i])
+        output["advantages"] = advantages
+        output["seed_behaviour_logps"] = behaviour
+        output["seed_old_tokens"] = old_tokens
+
+    def _weight_old_tokens(self, inputs, current_logps: torch.Tensor) -> None:
+        """Scales the advantage of old tokens by `min(pi_old / pi_behaviour, prefix_is_clip)`, in place in `inputs`.
+
+        `pi_old` is TRL's `old_per_token_logps` when it computes them, else the training forward's own detached
+        log-probs, so no extra forward pass is needed; TRL's ratio `pi_theta / pi_old` supplies the rest of
+        `pi_theta / pi_behaviour`. Old tokens whose behaviour log-prob is unknown (NaN: vLLM gives none for a prefix,
+        or a rollout that never reached the loss) get weight 0, i.e. no policy gradient, and are counted in
+        `seeds/nan_behaviour_tokens`.
+        """
+        behaviour, old_tokens = inputs["seed_behaviour_logps"], inputs["seed_old_tokens"].bool()
+        reference = inputs.get("old_per_token_logps")
+        reference = current_logps if reference is None else reference
+        known = torch.isfinite(behaviour)
+        weights = prefix_importance_weights(
+            reference, torch.where(known, behaviour, reference), old_tokens & known, self.args.prefix_is_clip
         )
+        weights = torch.where(old_tokens & ~known, torch.zeros_like(weights), weights)
+        inputs["advantages"] = inputs["advantages"] * weights
+        mask = inputs["completion_mask"].bool()
+        weighted = old_tokens & known & mask
+        stats = torch.stack([weights[weighted].sum(), weighted.sum(), (old_tokens & ~known & mask).sum()]).float()
+        stats = self.accelerator.gather(stats.reshape(1, 3)).sum(dim=0)  # every rank, every micro-batch
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if stats[1] > 0:
+            metrics["seeds/prefix_is_ratio_mean"].append((stats[0] / stats[1]).item())
+        metrics["seeds/nan_behaviour_tokens"].append(stats[2].item())
 
     def _log_seed_metrics(self, plan: GroupPlan, total_rewards: torch.Tensor, output) -> None:
         metrics = self._metrics["train"]
@@ -442,20 +530,28 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if self._captured_logps is not None:
-            self._captured_logps.append(logps.detach())
+        loss_inputs, self._loss_inputs = self._loss_inputs, None  # only the first call: the training forward
+        if loss_inputs is not None:
+            if self._captured_logps is not None:
+                self._captured_logps.append(logps.detach())
+            if "seed_old_tokens" in loss_inputs:  # TRL reads the advantages only after this forward pass
+                self._weight_old_tokens(loss_inputs, logps.detach())
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
         rows = inputs.get("seed_rollout_row")
-        if rows is None:
+        if rows is None and "seed_old_tokens" not in inputs:
             return super()._compute_loss(model, inputs)
-        self._captured_logps = []
+        inputs = dict(inputs)  # the forward hook replaces its advantages; the batch TRL keeps stays as it was
+        self._loss_inputs = inputs
+        self._captured_logps = [] if rows is not None else None
         try:
             loss = super()._compute_loss(model, inputs)
-            logps = self._captured_logps[0].float().cpu().numpy()
+            logps = self._captured_logps[0].float().cpu().numpy() if rows is not None else None
         finally:
-            self._captured_logps = None
+            self._captured_logps, self._loss_inputs = None, None
+        if rows is None:
+            return loss
         for j, row in enumerate(rows.tolist()):
             if row < 0:  # a replayed row: its behaviour log-probs are the stored ones
                 continue
@@ -464,7 +560,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         return loss
 
     # ----------------------------------------------------------------------------------------------------------------
-    # The model card
+    # Checkpoints and the model card
+
+    def _save_checkpoint(self, model, trial):
+        # Every save strategy ("steps", "epoch", "best", a Ctrl-C save) passes here right before the checkpoint
+        # folder is written, whenever transformers decided to save: the checkpoint's shard is written first.
+        if self.args.seed_method != "none":
+            self.seed_store.write_snapshot(self.state.global_step)
+        return super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours)."""

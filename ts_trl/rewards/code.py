@@ -10,7 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .math import completion_text
-from .sandbox import Limits, detect_isolation, run_in_sandbox
+
+# `.sandbox` is imported where it runs, so that `python -m ts_trl.rewards.sandbox` does not find it imported already.
 
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -27,19 +28,34 @@ def extract_program(text: str) -> str:
 def split_test_units(tests: str, entry_point: str | None = None) -> list[tuple[str, bool]]:
     """`(source, is_test)` units: each top-level `assert` is one test, other statements are setup run in order.
 
-    HumanEval's `def check(candidate)` becomes one test, `check(<entry_point>)` (none without one); code with no top-level assert (or
-    that does not parse) is one test as a whole.
+    Tests with no top-level assert are one test that passes if the script runs to the end (`def check(candidate)`
+    followed by `check(fn)`, as many code datasets ship them); HumanEval's `def check(candidate)` that nothing calls
+    becomes the test `check(<entry_point>)`. Raises ValueError for tests that cannot score any program: code that
+    does not parse, or a `check` that is never called and has no entry point.
     """
-    if re.search(r"^def check\(", tests, re.MULTILINE):
-        # Without its entry point, a check() that nothing calls would pass any program: no test, hence None.
-        return [(tests, False)] + ([(f"check({entry_point})", True)] if entry_point else [])
     try:
         statements = ast.parse(tests).body
-    except SyntaxError:
-        return [(tests, True)]
-    if not any(isinstance(statement, ast.Assert) for statement in statements):
-        return [(tests, True)]
-    return [(ast.unparse(statement), isinstance(statement, ast.Assert)) for statement in statements]
+    except SyntaxError as error:
+        raise ValueError(
+            f"Code tests do not parse ({error.msg}, line {error.lineno}); fix the dataset's tests column."
+        ) from None
+    if any(isinstance(statement, ast.Assert) for statement in statements):
+        return [(ast.unparse(statement), isinstance(statement, ast.Assert)) for statement in statements]
+    defines_check = any(isinstance(node, ast.FunctionDef) and node.name == "check" for node in statements)
+    calls_check = any(
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", "") == "check"
+        for node in statements
+    )
+    if defines_check and not calls_check:
+        if not entry_point:
+            raise ValueError(
+                "Code tests define check(candidate) but never call it, and the row has no entry_point: pass the "
+                "dataset's entry_point column (HumanEval schema) or end the tests with `check(<function name>)`."
+            )
+        return [(tests, False), (f"check({entry_point})", True)]
+    return [(tests, True)]
 
 
 def parse_tests(tests) -> dict | str:
@@ -57,7 +73,9 @@ def normalize_output(text: str) -> list[str]:
     return [" ".join(line.split()) for line in text.strip().splitlines() if line.strip()]
 
 
-def _score_stdio(program: str, cases: dict, binary: bool, limits: Limits, isolation) -> float | None:
+def _score_stdio(program: str, cases: dict, binary: bool, limits, isolation) -> float | None:
+    from .sandbox import run_in_sandbox
+
     inputs, outputs = cases.get("inputs") or [], cases.get("outputs") or []
     if not inputs or len(inputs) != len(outputs):
         return None
@@ -73,14 +91,14 @@ def _score_stdio(program: str, cases: dict, binary: bool, limits: Limits, isolat
     return passed / len(inputs)
 
 
-def _score_asserts(program: str, tests: str, entry_point, binary: bool, limits: Limits, isolation) -> float | None:
+def _score_asserts(program: str, tests: str, entry_point, binary: bool, limits, isolation) -> float:
+    from .sandbox import run_in_sandbox
+
     units = split_test_units(tests, entry_point)
     test_indices = {index for index, (_, is_test) in enumerate(units) if is_test}
-    if not test_indices:
-        return None
     result = run_in_sandbox(isolation, program, units, "", limits)
     if not result.ok or result.passed_units is None:
-        return 0.0  # a timeout, a crash, an early exit, or no verdict from the harness
+        return 0.0  # a timeout, a crash, an early exit, or no verdict from the judge
     fraction = len(test_indices.intersection(result.passed_units)) / len(test_indices)
     return float(fraction == 1.0) if binary else fraction
 
@@ -96,10 +114,9 @@ def get_code_reward(
     test passes (`mode="binary"`). Runs at most `max_workers` sandboxes at once (default: the CPU count)."""
     if mode not in ("fraction", "binary"):
         raise ValueError(f"mode must be 'fraction' or 'binary', got {mode!r}")
-    limits = Limits(timeout=timeout, memory_mb=memory_mb, max_processes=max_processes)
     workers = max_workers or os.cpu_count() or 1
 
-    def score(completion, tests, entry_point, isolation) -> float | None:
+    def score(completion, tests, entry_point, limits, isolation) -> float | None:
         program = extract_program(completion_text(completion))
         cases = parse_tests(tests)
         if isinstance(cases, dict):
@@ -109,10 +126,14 @@ def get_code_reward(
         return _score_asserts(program, cases, entry_point, mode == "binary", limits, isolation)
 
     def code_reward(completions, tests, entry_point=None, **kwargs) -> list[float | None]:
+        from .sandbox import Limits, detect_isolation
+
+        limits = Limits(timeout=timeout, memory_mb=memory_mb, max_processes=max_processes)
         isolation = detect_isolation()
         entry_points = entry_point if entry_point is not None else [None] * len(completions)
         with ThreadPoolExecutor(max_workers=min(workers, max(1, len(completions)))) as pool:
-            return list(pool.map(score, completions, tests, entry_points, [isolation] * len(completions)))
+            n = len(completions)
+            return list(pool.map(score, completions, tests, entry_points, [limits] * n, [isolation] * n))
 
     code_reward.__name__ = code_reward.__qualname__ = "code_reward" if mode == "fraction" else "binary_code_reward"
     return code_reward

@@ -2,11 +2,15 @@
 
 # Layers, each used when this machine allows it, because a reward must never let a sampled program touch the host:
 # - `unshare`: new mount, network (loopback only, down) and pid namespaces, as root or inside a user namespace;
-# - a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite and the host's files read-only;
+# - a filesystem of its own (with a mount namespace): a fresh tmpfs root holding only the Python runtime and the
+#   system libraries read-only, a private size-capped /tmp as its working directory and /dev/{null,zero,urandom};
+#   no home, no project checkout, no caches, no /proc (see `_harness._build_root`);
+# - a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite;
 # - rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
-# - a fresh working directory, also mounted as /tmp, /var/tmp and /dev/shm, removed afterwards;
 # - a scrubbed environment, a wall-clock timeout that SIGKILLs the whole process group, capped output;
-# - a per-run nonce so that only the harness, after the tests ran, can report a pass (see `_harness.py`).
+# - a judge: the tests run in a separate interpreter that talks to the program's only in plain data, and only the
+#   judge can report a verdict (see `_harness.py` for why that is sound).
+# bubblewrap does the same namespace work; it is not used, so that one code path runs, and is tested, everywhere.
 
 from __future__ import annotations
 
@@ -15,10 +19,10 @@ import json
 import logging
 import os
 import queue
-import secrets
 import selectors
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -28,7 +32,10 @@ from dataclasses import asdict, dataclass, field
 logger = logging.getLogger(__name__)
 
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_harness.py")
-NAMESPACES = ("--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
+NAMESPACES = ("--mount", "--net", "--pid", "--fork", "--kill-child")
+# What the program sees of the host, read-only: the system libraries that the interpreter and its extension modules
+# link against (on merged-/usr systems /lib and /lib64 are symlinks into /usr), plus the interpreter and venv prefixes.
+SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
 STDERR_CAP = 64 << 10
 
 
@@ -42,6 +49,7 @@ class Limits:
     max_file_mb: int = 16
     max_open_files: int = 64
     max_output_bytes: int = 1 << 20
+    tmp_mb: int = 64
 
 
 @dataclass(frozen=True)
@@ -53,17 +61,19 @@ class Isolation:
 
     @property
     def layers(self) -> list[str]:
-        found = ["rlimits", "scrubbed-env", "tempdir", "timeout+killpg", "output-cap", "nonce"]
+        found = ["rlimits", "scrubbed-env", "timeout+killpg", "output-cap", "judge"]
         if self.prefix:
-            found.insert(0, "userns+netns+pidns+mountns" if "--user" in self.prefix else "netns+pidns+mountns")
+            found[:0] = ["userns+netns+pidns+mountns" if "--user" in self.prefix else "netns+pidns+mountns", "fs-view"]
+        else:
+            found.insert(1, "tempdir")
         if self.drop_uid:
-            found.insert(1 if self.prefix else 0, "throwaway-uid")
+            found.insert(2 if self.prefix else 0, "throwaway-uid")
         return found
 
 
 @dataclass
 class RunResult:
-    """What one sandboxed run left: `passed_units` is None unless the harness itself reported a verdict."""
+    """What one sandboxed run left: `passed_units` is None unless the judge reported a verdict."""
 
     returncode: int | None
     stdout: str
@@ -93,8 +103,18 @@ def _scrubbed_env(workdir: str) -> dict[str, str]:
             "TMPDIR": workdir}  # fmt: skip
 
 
-def _interpreter_paths() -> list[str]:
-    return sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)})
+@functools.cache
+def _site_packages() -> list[str]:
+    """This interpreter's site-packages folders, which the harness (started with -S) puts on its path itself."""
+    return [path for path in site.getsitepackages() if os.path.isdir(path)]
+
+
+@functools.cache
+def _exposed_paths() -> tuple[str, ...]:
+    """The host paths bound read-only into the program's root, none inside another."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    paths |= {path for path in SYSTEM_LIBRARIES if os.path.lexists(path)}
+    return tuple(sorted(path for path in paths if not any(path.startswith(other + "/") for other in paths)))
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -104,13 +124,17 @@ def _kill_group(process: subprocess.Popen) -> None:
         pass
 
 
-def _communicate(process: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tuple[bytes, bytes, str]:
-    """Feeds stdin and reads stdout/stderr until EOF; stops early ("timeout" / "overflow") without holding more than
-    `cap` bytes of stdout, so a program printing forever costs the host nothing."""
+def _communicate(
+    process: subprocess.Popen, stdin: bytes, verdict_fd: int | None, deadline: float, cap: int
+) -> tuple[bytes, bytes, bytes, str]:
+    """Feeds stdin and reads stdout, stderr and the judge's verdict pipe until EOF; stops early ("timeout" /
+    "overflow") without holding more than `cap` bytes of stdout, so a program printing forever costs the host nothing."""
     selector = selectors.DefaultSelector()
-    out, err = bytearray(), bytearray()
+    out, err, verdict = bytearray(), bytearray(), bytearray()
     selector.register(process.stdout, selectors.EVENT_READ, out)
     selector.register(process.stderr, selectors.EVENT_READ, err)
+    if verdict_fd is not None:
+        selector.register(verdict_fd, selectors.EVENT_READ, verdict)
     if process.stdin is not None:
         os.set_blocking(process.stdin.fileno(), False)
         selector.register(process.stdin, selectors.EVENT_WRITE, None)
@@ -138,48 +162,56 @@ def _communicate(process: subprocess.Popen, stdin: bytes, deadline: float, cap: 
                     selector.unregister(key.fileobj)
                     continue
                 buffer = key.data
-                if buffer is out and len(out) + len(chunk) > cap:
+                if buffer is not err and len(buffer) + len(chunk) > cap:
                     stop = "overflow"
                     break
-                if buffer is out or len(err) < STDERR_CAP:
+                if buffer is not err or len(err) < STDERR_CAP:
                     buffer += chunk
     finally:
         selector.close()
-    return bytes(out), bytes(err[:STDERR_CAP]), stop
+    return bytes(out), bytes(err[:STDERR_CAP]), bytes(verdict), stop
 
 
 def run_in_sandbox(
     isolation: Isolation, program: str, units: list | None = None, stdin: str = "", limits: Limits = Limits()
 ) -> RunResult:
-    """Runs `program`, then (tests mode) each `(source, is_test)` unit in its namespace; or (stdio mode, `units` None)
+    """Runs `program`, then (tests mode) each `(source, is_test)` unit in the judge; or (stdio mode, `units` None)
     runs it as `__main__` with `stdin`. Never raises for anything the program does."""
     started = time.monotonic()
     uid = _FREE_UIDS.get() if isolation.drop_uid else None
     workdir = tempfile.mkdtemp(prefix="ts_trl_sandbox_")
-    nonce = secrets.token_hex(16)
-    read_fd, write_fd = os.pipe()
+    pass_fds, verdict_read = [], None
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as file:
             file.write(program)
+        units_fd = verdict_fd = None
         if units is not None:
-            with open(os.path.join(workdir, "units.json"), "w", encoding="utf-8") as file:
+            # The tests reach only the judge: an unlinked file whose descriptor the worker closes before the program
+            # runs, and a verdict pipe that only the judge keeps.
+            with tempfile.TemporaryFile("w+", encoding="utf-8") as file:
                 json.dump(units, file)
+                file.seek(0)
+                units_fd = os.dup(file.fileno())
+            pass_fds.append(units_fd)
+            verdict_read, verdict_fd = os.pipe()
+            pass_fds.append(verdict_fd)
         if uid is not None:
             os.chown(workdir, uid, uid)
+        root = os.path.join(workdir, "root") if isolation.prefix else None
+        if root:
+            os.mkdir(root)
         config = {
             "workdir": workdir,
-            "mode": "stdio" if units is None else "tests",
-            "nonce_fd": read_fd,
+            "root": root,
+            "expose": _exposed_paths(),
+            "site_packages": _site_packages(),
+            "units_fd": units_fd,
+            "verdict_fd": verdict_fd,
             "uid": uid,
-            "mount": bool(isolation.prefix),
             "pid_namespace": bool(isolation.prefix),
-            "expose": _interpreter_paths() if uid is not None and isolation.prefix else [],
             "limits": {**asdict(limits), "cpu_s": max(1, int(limits.timeout + 0.999))},
         }
-        os.write(write_fd, nonce.encode())
-        os.close(write_fd)
-        write_fd = None
-        command = [*isolation.prefix, sys.executable, "-I", "-B", HARNESS, json.dumps(config)]
+        command = [*isolation.prefix, sys.executable, "-I", "-S", "-B", HARNESS, json.dumps(config)]
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -187,13 +219,15 @@ def run_in_sandbox(
             stderr=subprocess.PIPE,
             cwd=workdir,
             env=_scrubbed_env(workdir),
-            pass_fds=(read_fd,),
+            pass_fds=pass_fds,
             start_new_session=True,  # its own process group, so one killpg reaches every process it started
         )
-        os.close(read_fd)
-        read_fd = None
+        while pass_fds:
+            os.close(pass_fds.pop())
         try:
-            out, err, stop = _communicate(process, stdin.encode(), started + limits.timeout, limits.max_output_bytes)
+            out, err, verdict, stop = _communicate(
+                process, stdin.encode(), verdict_read, started + limits.timeout, limits.max_output_bytes
+            )
             if stop:
                 _kill_group(process)
             try:
@@ -207,19 +241,18 @@ def run_in_sandbox(
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None and not stream.closed:
                     stream.close()
-        stdout = out.decode("utf-8", errors="replace")
         return RunResult(
             returncode=returncode,
-            stdout=_strip_verdict(stdout, nonce),
+            stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
             timed_out=stop == "timeout",
             output_overflow=stop == "overflow",
-            passed_units=_verdict(stdout, nonce) if units is not None else None,
+            passed_units=_verdict(verdict) if units is not None and returncode == 0 else None,
             wall_s=time.monotonic() - started,
             layers=isolation.layers,
         )
     finally:
-        for fd in (read_fd, write_fd):
+        for fd in [*pass_fds, verdict_read]:
             if fd is not None:
                 os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -227,18 +260,15 @@ def run_in_sandbox(
             _FREE_UIDS.put(uid)
 
 
-def _verdict(stdout: str, nonce: str) -> list[int] | None:
-    lines = [line for line in stdout.splitlines() if line.startswith(nonce + " ")]
-    if len(lines) != 1:  # the harness prints exactly one; none means it never got past the tests
+def _verdict(framed: bytes) -> list[int] | None:
+    """The judge's one message (a length-prefixed JSON list of passed unit indices), or None if it wrote none."""
+    if len(framed) <= 4 or int.from_bytes(framed[:4], "little") != len(framed) - 4:
         return None
     try:
-        return [int(index) for index in json.loads(lines[0][len(nonce) + 1 :])]
+        passed = json.loads(framed[4:])
+        return [int(index) for index in passed] if isinstance(passed, list) else None
     except (ValueError, TypeError):
         return None
-
-
-def _strip_verdict(stdout: str, nonce: str) -> str:
-    return "\n".join(line for line in stdout.splitlines() if not line.startswith(nonce)) if nonce in stdout else stdout
 
 
 def _works(isolation: Isolation) -> bool:
@@ -265,13 +295,13 @@ def detect_isolation() -> Isolation:
             break
     else:
         isolation = Isolation()
-    missing = {"namespaces": not isolation.prefix, "throwaway-uid": not isolation.drop_uid}
-    if any(missing.values()):
+    if not isolation.prefix:
         logger.warning(
-            "Code sandbox runs with reduced isolation: active layers %s; missing %s (%s).",
+            "Code sandbox: FILES ARE NOT CONTAINED. Without namespaces, sampled programs can read and write whatever "
+            "this user can (home, checkpoints, caches) and reach the network; active layers %s. Namespaces need "
+            "`unshare` (util-linux) with root or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone"
+            "=1, user.max_user_namespaces > 0).",
             isolation.layers,
-            [name for name, gone in missing.items() if gone],
-            "namespaces need `unshare` with root or user namespaces; the uid drop needs root",
         )
     else:
         logger.info("Code sandbox layers: %s", isolation.layers)
@@ -280,4 +310,6 @@ def detect_isolation() -> Isolation:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    print("active layers:", detect_isolation().layers)
+    layers = detect_isolation().layers
+    print("active layers:", layers)
+    print("files:", "contained (own read-only root)" if "fs-view" in layers else "NOT contained (no mount namespace)")

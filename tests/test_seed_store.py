@@ -1,0 +1,136 @@
+"""What the seed store keeps and writes: shards under every save strategy, pass rates across resume, success by a
+named reward, and the compact buffer of rollouts waiting for the next shard."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from accelerate import Accelerator
+
+from tests.conftest import tiny_prompts
+from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.bank import Rollout
+from ts_trl.snapshots import PendingRollout, SeedStore
+
+
+def _shard_rows(output_dir) -> dict[str, dict]:
+    seeds = Path(output_dir) / "seeds"
+    return {r["rollout_id"]: r for f in sorted(seeds.glob("step-*.parquet")) for r in pq.read_table(f).to_pylist()}
+
+
+def _seeded_share(trainer) -> float:
+    return max(h.get("seeds/seeded_group_share", 0.0) for h in trainer.state.log_history)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(save_strategy="epoch", num_train_epochs=3, max_steps=-1),  # 2 prompts, 8 rows a step: a step an epoch
+        dict(save_strategy="steps", save_steps=1, max_steps=3),
+        dict(save_strategy="no", seed_snapshot_steps=1, max_steps=3),
+    ],
+    ids=["epoch", "steps", "no+seed_snapshot_steps"],
+)
+def test_every_save_strategy_seeds(make_trainer, settings):
+    trainer = make_trainer(dataset=tiny_prompts(2), **settings)
+    trainer.train()
+    output_dir = Path(trainer.args.output_dir)
+    manifest = json.loads((output_dir / "seeds" / "manifest.json").read_text())
+    assert [s["step"] for s in manifest["shards"]][:2] == [1, 2]  # a shard after each of the first steps
+    for checkpoint in output_dir.glob("checkpoint-*"):  # and each checkpoint lists its own step's shard
+        pointer = json.loads((checkpoint / "seed_snapshot.json").read_text())
+        assert pointer["shards"][-1]["step"] == pointer["step"] and pointer["rows"] > 0
+    assert _seeded_share(trainer) > 0
+
+
+def test_save_strategy_no_without_a_shard_cadence_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="seed_snapshot_steps"):
+        SeedGRPOConfig(str(tmp_path), save_strategy="no", use_cpu=True, report_to=[])
+    SeedGRPOConfig(str(tmp_path), save_strategy="no", seed_snapshot_only=False, use_cpu=True, report_to=[])
+
+
+def test_resumed_run_plans_the_same_seeds_from_its_pass_rates(make_trainer):
+    class Spy(SeedGRPOTrainer):
+        def _plan_groups(self, inputs):
+            plan = super()._plan_groups(inputs)
+            self.plans[plan.step] = (
+                [s.rollout_id if s is not None else None for s in plan.seeds],
+                [c.k if c is not None else 0 for c in plan.cuts],
+                dict(self.planner.pass_rates),
+            )
+            return plan
+
+    from datasets import Dataset
+
+    # Two prompts, four times each: an epoch of 4 steps, so the resumed run's data order is the uninterrupted one's
+    # (transformers fast-forwards within an epoch, not across epochs), while both prompts recur.
+    prompts = Dataset.from_dict({"prompt": ["Q: 1+2=", "Q: 2+3="] * 4})
+    settings = dict(
+        trainer_cls=Spy,
+        seed_selection="passrate",
+        seed_fraction=0.5,  # plain groups keep measuring the pass rates
+        dataset=prompts,
+        max_steps=3,
+        save_steps=2,
+    )
+    Spy.plans = {}
+    first = make_trainer(**settings)
+    first.train()
+    uninterrupted = dict(Spy.plans)
+    assert uninterrupted[2][2], "the run should have measured pass rates by step 2"
+    Spy.plans = {}
+    resumed = make_trainer(**settings)
+    resumed.train(resume_from_checkpoint=str(Path(first.args.output_dir) / "checkpoint-2"))
+    assert min(Spy.plans) == 2 and any(uninterrupted[2][0])  # step 2, the first after the checkpoint, is seeded
+    assert Spy.plans[2] == uninterrupted[2]  # same pass rates, hence the same seeds and cuts
+
+
+def correct(completions, **kwargs):
+    return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
+
+
+def format_bonus(completions, **kwargs):  # like the math recipe's format reward: paid to every answer
+    return [0.1] * len(completions)
+
+
+@pytest.mark.parametrize("selection", ["success", "failure"])
+def test_success_is_the_named_reward_above_its_threshold(make_trainer, selection):
+    trainer = make_trainer(
+        reward=[correct, format_bonus], seed_selection=selection, dataset=tiny_prompts(2), max_steps=4, save_steps=1
+    )
+    trainer.train()
+    rows = _shard_rows(trainer.args.output_dir)
+    seeded = [r for r in rows.values() if r["seed_origin"] is not None]
+    assert seeded, f"seed_selection={selection!r} found no seed"
+    for row in seeded:
+        origin = rows[row["seed_origin"]]
+        assert (origin["reward_correct"] > 0) == (selection == "success"), origin  # the format bonus never counts
+
+
+def test_success_reward_must_name_a_reward_function(make_trainer):
+    with pytest.raises(ValueError, match="success_reward='math'"):
+        make_trainer(reward=[correct, format_bonus], success_reward="math")
+
+
+def test_unsnapshotted_rollouts_are_kept_compact(tmp_path):
+    """The buffer of rollouts waiting for the next shard costs about what the shard does, not Python lists."""
+    store = SeedStore(tmp_path, Accelerator(cpu=True), "tiny", "fp", ["r"])
+    store.start(None)
+    tokens, rows = 2000, 64
+    rng = np.random.default_rng(0)
+    for i in range(rows):
+        ids = rng.integers(0, 30000, size=tokens).tolist()  # as the backends hand them over: Python ints
+        pending = PendingRollout(Rollout(f"id-{i}", "p", "q", "", ids, (), 1.0, 0), np.zeros(0, np.float32))
+        pending.logprobs = rng.normal(size=tokens).astype(np.float32)
+        store.add_pending(pending)
+        del ids, pending
+    store.flush()
+    buffered = sum(table.nbytes for table in store.unsnapshotted)  # Arrow buffers: ids, log-probs, offsets, text
+    # int32 id + float32 log-prob is 8 bytes a token; the Python lists held before cost ~36 (a pointer and an int).
+    assert buffered / (tokens * rows) < 8.5, f"{buffered / (tokens * rows):.1f} bytes per token held until the shard"
+    path = store.write_snapshot(1)
+    table = pq.read_table(path)
+    assert table.num_rows == rows and len(table.column("completion_ids")[0]) == tokens
+    assert table.column("checkpoint").to_pylist() == ["checkpoint-1"] * rows
