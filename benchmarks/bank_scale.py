@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -72,7 +73,7 @@ def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
 def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> dict:
     """Fills a bank of `size` rollouts, then samples from it and writes its snapshots; one process per size."""
     from ts_trl.bank import SeedBank
-    from ts_trl.snapshots import rollouts_to_table, shard_name, write_shard
+    from ts_trl.snapshots import bank_file_name, rollouts_to_table, shard_name, write_bank_file, write_shard
 
     num_prompts = max(size // ROLLOUTS_PER_PROMPT, 1)
     checkpoint_rollouts = min(checkpoint_rollouts, size)
@@ -111,6 +112,7 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
         wall, cpu = time.perf_counter(), time.process_time()
         table = rollouts_to_table(rollouts, f"checkpoint-{index}", "tiny", "fingerprint", ["synthetic"])
         write_shard(table, path)
+        write_bank_file(table, shard_dir / bank_file_name(index))  # as `SeedStore.write_snapshot` does
         write_wall.append(time.perf_counter() - wall)
         write_cpu.append(time.process_time() - cpu)
         shard_bytes += path.stat().st_size
@@ -127,6 +129,7 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
         "sample_ms_min": 1e3 * float(np.min(sample_wall)),  # the least disturbed by other processes' load
         "raw_bytes": raw,
         "bank_nbytes": bank.nbytes,
+        "metadata_bytes_per_rollout": bank.metadata_bytes_per_rollout,
         "rss_delta_bytes": rss_after[1] - rss_before[1],
         "rss_over_raw": (rss_after[1] - rss_before[1]) / raw,
         "rss_untrimmed_over_raw": (rss_after[0] - rss_before[0]) / raw,
@@ -140,24 +143,96 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
     }
     del bank
     gc.collect()
-    return stats | resume(shard_dir)
+    return stats | resume(shard_dir) | node(shard_dir, raw)
+
+
+def _shards(shard_dir: Path) -> list[dict]:
+    from ts_trl.snapshots import bank_file_name, shard_name
+
+    steps = sorted(int(p.stem.split("-")[1]) for p in shard_dir.glob("step-*.parquet"))
+    return [{"file": shard_name(step), "bank_file": bank_file_name(step)} for step in steps]
 
 
 def resume(shard_dir: Path) -> dict:
-    """Times what a resumed run does: read every shard of the checkpoint, then refill a new bank from the table."""
-    from ts_trl.bank import SeedBank
-    from ts_trl.snapshots import fill_bank, read_table
+    """Times what a resumed run does (`SeedStore.start`): map the shards' bank files, fill a new bank from them.
 
-    paths = sorted(shard_dir.glob("step-*.parquet"))
-    table, read_wall, read_cpu = _timed(read_table, paths)
+    Also times the fallback for shards without a bank file: the bank columns read from the Parquet shards.
+    """
+    from ts_trl.bank import SeedBank
+    from ts_trl.snapshots import REQUIRED_COLUMNS, fill_bank, read_bank_tables, read_table
+
+    shards = _shards(shard_dir)
+    table, read_wall, read_cpu = _timed(read_bank_tables, shard_dir, shards)
     bank = SeedBank()
     _, fill_wall, fill_cpu = _timed(fill_bank, bank, table)
+    rollouts = len(bank)
+    del bank, table
+    parquet, parquet_read, _ = _timed(read_table, [shard_dir / s["file"] for s in shards], REQUIRED_COLUMNS)
+    _, parquet_fill, _ = _timed(fill_bank, SeedBank(), parquet)
     return {
         "resume_read_s": read_wall,
         "resume_fill_s": fill_wall,
         "resume_s": read_wall + fill_wall,
         "resume_cpu_s": read_cpu + fill_cpu,
-        "resume_rollouts": len(bank),
+        "resume_rollouts": rollouts,
+        "resume_parquet_s": parquet_read + parquet_fill,
+    }
+
+
+def _memory() -> dict:
+    _rss()  # collect and trim first, as for the single-process figures
+    info = psutil.Process().memory_full_info()
+    return {"rss": info.rss, "pss": getattr(info, "pss", info.rss), "uss": info.uss}
+
+
+def rank(shard_dir: Path, rank_id: int, ranks: int) -> dict:
+    """One rank of a node resuming the bank: memory before and after, every token read once, all ranks alive."""
+    from ts_trl.bank import SeedBank
+    from ts_trl.snapshots import fill_bank, read_bank_tables
+
+    shards = _shards(shard_dir)
+    fill_bank(SeedBank(), read_bank_tables(shard_dir, shards[:1]).slice(0, 8))  # first-use costs of the libraries
+    before = _memory()
+    bank = SeedBank()
+    fill_bank(bank, read_bank_tables(shard_dir, shards))
+    bank.mark_snapshotted()
+    touched = 0.0
+    for ids, logps in bank._tokens.chunks:  # every page of the payload read once: the worst case for memory
+        touched += float(ids.sum()) + float(logps.sum())
+    (shard_dir / f"ready-{rank_id}").touch()
+    while len(list(shard_dir.glob("ready-*"))) < ranks:  # measured while every rank maps the files
+        time.sleep(0.05)
+    after = _memory()
+    (shard_dir / f"measured-{rank_id}").touch()
+    while len(list(shard_dir.glob("measured-*"))) < ranks:
+        time.sleep(0.05)
+    return {key: after[key] - before[key] for key in after} | {"rollouts": len(bank), "checksum": touched}
+
+
+def node(shard_dir: Path, raw: int, ranks: int = 2) -> dict:
+    """`ranks` processes resume the same bank at once, as the ranks of one node do: their summed extra memory.
+
+    RSS counts a shared page in every process that maps it, so the summed RSS double-counts the page cache; PSS
+    charges each process its share, so the summed PSS is what the node spends.
+    """
+    command = [sys.executable, __file__, "--rank", str(shard_dir), str(ranks)]
+    processes = [
+        subprocess.Popen([*command, str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(ranks)
+    ]
+    rows = []
+    for process in processes:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"A bank rank failed:\n{err[-4000:]}")
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    for marker in list(shard_dir.glob("ready-*")) + list(shard_dir.glob("measured-*")):
+        marker.unlink()
+    return {
+        "node_ranks": ranks,
+        "node_pss_over_raw": sum(r["pss"] for r in rows) / raw,
+        "node_rss_over_raw": sum(r["rss"] for r in rows) / raw,
+        "node_uss_over_raw": sum(r["uss"] for r in rows) / raw,
     }
 
 
@@ -178,15 +253,16 @@ def run(sizes, tokens: int, checkpoint_rollouts: int, scratch: Path) -> dict:
         try:
             row = _subprocess(size, tokens, checkpoint_rollouts, shard_dir)
         finally:
-            for path in shard_dir.glob("*"):
-                path.unlink()
-            shard_dir.rmdir()
+            shutil.rmtree(shard_dir)
         results.append(row)
     return {"rollouts_per_prompt": ROLLOUTS_PER_PROMPT, "sample_batch": SAMPLE_BATCH, "sizes": results}
 
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if sys.argv[1:2] == ["--rank"]:  # one rank of `node`
+        print(json.dumps(rank(Path(sys.argv[2]), int(sys.argv[4]), int(sys.argv[3]))))
+        return
     parser = argparse.ArgumentParser(description="Builds one bank of synthetic rollouts and prints its measurements.")
     parser.add_argument("size", type=int)
     parser.add_argument("tokens", type=int)

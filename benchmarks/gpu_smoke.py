@@ -111,7 +111,9 @@ def main() -> int:
     first = work / "zero3_bf16_state"
     if summary[1]["exit"] == 0:
         resumed = [*base, "--max_steps", str(args.steps + 2), "--output_dir", str(first)]
-        record = launch("zero3_resume", zero3, [*resumed, "--resume_from_checkpoint", str(first / "checkpoint-2")], args.out)
+        record = launch(
+            "zero3_resume", zero3, [*resumed, "--resume_from_checkpoint", str(first / "checkpoint-2")], args.out
+        )
         if record["exit"] == 0:
             record.update(inspect_run(first))
         summary.append(record)

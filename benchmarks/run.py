@@ -34,11 +34,11 @@ import reward_throughput  # noqa: E402
 import step_time  # noqa: E402
 
 CI_MARGIN = 1.2  # CI fails only when a target is missed by more than 20% (noise on a shared machine)
-# Seeds-on step time misses its <= 1x target today (measured on the tiny model, see results/latest.md): static HF
-# generate decodes as many steps as the longest row needs, over a context longer by the prefix. A fully seeded batch
-# stops at the largest budget left (about +7%); a mixed batch decodes the full budget for every row (about +18%).
-# CI guards against a regression beyond that known cost plus the noise margin.
-SEEDS_ON_KNOWN_COST = {"seeds_f0.5": 1.18, "seeds_f1": 1.1}
+# Step-time targets vs GRPOTrainer (issue 11): a mixed batch no slower, a fully seeded one 10% faster. CI checks the
+# median of per-round ratios of interleaved steps, so load drift cancels; its limit adds the noise margin.
+STEP_TIME_TARGETS = {"seeds_f0.5": 1.0, "seeds_f1": 0.9}
+RESUME_TARGET_S = 5.0  # resuming 10^6 rollouts
+METADATA_TARGET_BYTES = 40  # per rollout, in every rank
 
 
 def machine() -> dict:
@@ -119,16 +119,18 @@ class LoadMonitor:
         }
 
 
-def _target(name, value, limit, unit="", note="", ci_limit=None) -> dict:
-    """A target `value <= limit`; CI fails beyond `ci_limit` (default: the limit plus the 20% noise margin)."""
+def _target(name, value, limit, unit="", note="", ci_limit=None, ci_value=None) -> dict:
+    """A target `value <= limit`; CI fails when `ci_value` (default: the value) exceeds `ci_limit` (default: the limit
+    plus the 20% noise margin)."""
     ci_limit = round(limit * CI_MARGIN, 3) if ci_limit is None else ci_limit
+    ci_value = value if ci_value is None else ci_value
     return {
         "name": name,
         "value": value,
         "target": f"<= {limit:g}{unit}",
         "met": value is not None and value <= limit,
         "ci_limit": ci_limit,
-        "ci_ok": value is not None and value <= ci_limit,
+        "ci_ok": ci_value is not None and ci_value <= ci_limit,
         "note": note,
     }
 
@@ -148,17 +150,17 @@ def targets(results: dict) -> list[dict]:
             )
         )
         for name, label, why in (
-            ("seeds_f0.5", "0.5", "mixed batch: plain rows need the full budget, so seeded rows decode it too"),
-            ("seeds_f1", "1.0", "decoding capped at the largest budget left; the context is longer by the prefix"),
+            ("seeds_f0.5", "0.5", "plain rows need the full budget; seeded rows force their prefix, unpadded"),
+            ("seeds_f1", "1.0", "decoding stops at the largest budget a prefix leaves"),
         ):
+            bound = v[name]["token_bound_ratio"]["median"]
             out.append(
                 _target(
                     f"step time ratio, seed_fraction={label} vs GRPO",
                     round(v[name]["wall_ratio"]["median"], 3),
-                    1.0,
+                    STEP_TIME_TARGETS[name],
                     "x",
-                    why,
-                    ci_limit=round(SEEDS_ON_KNOWN_COST[name] * CI_MARGIN, 3),
+                    f"{why}; physical bound (time in proportion to generated tokens): {bound:.2f}x",
                 )
             )
     bank = results.get("bank")
@@ -192,6 +194,39 @@ def targets(results: dict) -> list[dict]:
                     f"untrimmed RSS: {row['rss_untrimmed_over_raw']:.3f}x",
                 )
             )
+        for row in sizes:
+            out.append(
+                _target(
+                    f"metadata per rollout, bank 10^{len(str(row['size'])) - 1} (bytes)",
+                    round(row["metadata_bytes_per_rollout"], 1),
+                    METADATA_TARGET_BYTES,
+                    " B",
+                    "token ids, log-probs and rollout-id text are payload, shareable through a memory map",
+                )
+            )
+        largest = sizes[-1]
+        out.append(
+            _target(
+                f"2 ranks resuming one bank, summed extra memory (PSS) / raw, bank 10^{len(str(largest['size'])) - 1}",
+                round(largest["node_pss_over_raw"], 3),
+                1.3,
+                "x",
+                f"every token read by both ranks; summed RSS {largest['node_rss_over_raw']:.2f}x counts the shared "
+                f"page cache twice; private (USS) {largest['node_uss_over_raw']:.3f}x",
+            )
+        )
+        out.append(
+            _target(
+                f"resume time per 10^6 rollouts, bank 10^{len(str(largest['size'])) - 1} (s)",
+                round(largest["resume_s"] * 1e6 / largest["size"], 2),
+                RESUME_TARGET_S,
+                " s",
+                f"measured {largest['resume_s']:.2f} s for {largest['size']:,} rollouts: map "
+                f"{largest['resume_read_s']:.2f} s + fill {largest['resume_fill_s']:.2f} s; CPU "
+                f"{largest['resume_cpu_s']:.2f} s, which CI judges: load inflates wall time",
+                ci_value=round(largest["resume_cpu_s"] * 1e6 / largest["size"], 2),
+            )
+        )
         out.append(
             _target(
                 "snapshot write time of one checkpoint, largest / smallest bank",
@@ -247,12 +282,15 @@ def markdown(report: dict) -> str:
             f"groups of {s['num_generations']}), max_completion_length {s['max_completion_length']}, HF generate, "
             f"{s['warmup_steps']} warm-up + {s['measured_steps']} measured steps per trainer, steps interleaved "
             f"in shuffled rounds (ratios: median over rounds of t(variant)/t(GRPO) in the same round, "
-            f"[25%, 75%] quantiles). `seed_fraction=0` reproduces GRPO exactly: "
+            f"[25%, 75%] quantiles). Generated tokens: per step, kept in the responses; physical bound: the step "
+            f"time ratio if a step cost exactly in proportion to its generated tokens (median per-round token ratio); "
+            f"decoded tokens: rows x decode steps that `generate` computed, forced prefix tokens included. "
+            f"`seed_fraction=0` reproduces GRPO exactly: "
             f"{'yes' if steps['seed_fraction_0_matches_grpo'] else '**no**'}.",
             "",
             "| trainer | wall ratio | CPU ratio | step wall s | TRL step_time s | generate s | seeded groups "
-            "| generated tokens | prefix tokens | decode steps | generate prompt width |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| generated tokens | physical bound | prefix tokens | decoded tokens | decode steps | generate prompt width |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, r in steps["variants"].items():
             ratio = r["wall_ratio"]
@@ -260,7 +298,8 @@ def markdown(report: dict) -> str:
                 f"| {name} | {ratio['median']:.3f} [{ratio['q25']:.2f}, {ratio['q75']:.2f}] "
                 f"| {r['cpu_ratio']['median']:.3f} | {r['wall_s']['median']:.3f} | {r['trl_step_time_s']['median']:.3f} "
                 f"| {r['generate_s']['median']:.3f} | {r['seeded_group_share']['median']:.2f} "
-                f"| {r['generated_tokens']['median']:.0f} | {r['prefix_tokens']['median']:.0f} "
+                f"| {r['generated_tokens']['median']:.0f} | {r['token_bound_ratio']['median']:.3f} "
+                f"| {r['prefix_tokens']['median']:.0f} | {r['decoded_tokens']['median']:.0f} "
                 f"| {r['decode_steps']['median']:.0f} | {r['prompt_width']['median']:.0f} |"
             )
 
@@ -274,17 +313,18 @@ def markdown(report: dict) -> str:
             f"`sample` draws one seed for each of {bank['sample_batch']} prompts; one fresh process per size. "
             "Memory: RSS delta after `malloc_trim(0)`, over the raw bytes of int32 ids + float32 log-probs.",
             "",
-            "| rollouts | insert rollouts/s | sample ms (CPU ms) | RSS / raw | bank arrays GB | snapshot write s "
-            "(per checkpoint) | resume s (read + fill) | resume rollouts/s |",
-            "|---|---|---|---|---|---|---|---|",
+            "| rollouts | insert rollouts/s | sample ms (CPU ms) | RSS / raw | metadata B/rollout | bank arrays GB "
+            "| snapshot write s (per checkpoint) | resume s (map + fill) | resume from Parquet only s "
+            "| 2 ranks: PSS / RSS over raw |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in bank["sizes"]:
             lines.append(
                 f"| {r['size']:,} | {r['insert_rollouts_per_s']:,.0f} | {r['sample_ms']:.2f} ({r['sample_cpu_ms']:.2f}) "
-                f"| {r['rss_over_raw']:.3f} | {r['bank_nbytes'] / 1e9:.2f} "
+                f"| {r['rss_over_raw']:.3f} | {r['metadata_bytes_per_rollout']:.0f} | {r['bank_nbytes'] / 1e9:.2f} "
                 f"| {r['snapshot_write_s']:.3f} ({r['checkpoint_rollouts']:,} rollouts) "
-                f"| {r['resume_s']:.1f} ({r['resume_read_s']:.1f} + {r['resume_fill_s']:.1f}) "
-                f"| {r['resume_rollouts'] / r['resume_s']:,.0f} |"
+                f"| {r['resume_s']:.2f} ({r['resume_read_s']:.2f} + {r['resume_fill_s']:.2f}) "
+                f"| {r['resume_parquet_s']:.1f} | {r['node_pss_over_raw']:.2f} / {r['node_rss_over_raw']:.2f} |"
             )
 
     rewards = report["results"].get("rewards")

@@ -234,17 +234,19 @@ def run(quick: bool, output_dir: str) -> dict:
     base_wall = np.array(turns[BASELINE].wall[warm:])
     base_cpu = np.array(turns[BASELINE].cpu[warm:])
     results = {}
+    tokens = {}
+    for name, spec in variants.items():
+        logs = turns[name].logs[warm:]
+        if spec["trainer"] == "grpo":
+            tokens[name] = np.array([log["completions/mean_length"] * settings["batch_size"] for log in logs])
+        else:
+            tokens[name] = np.array([log["seeds/generated_tokens"] for log in logs])
     for name, spec in variants.items():
         logs = turns[name].logs[warm:]
         calls = spies[name].calls[warm:]
         wall, cpu = np.array(turns[name].wall[warm:]), np.array(turns[name].cpu[warm:])
-        rows = settings["batch_size"]
-        if spec["trainer"] == "grpo":
-            kept_tokens = [log["completions/mean_length"] * rows for log in logs]
-            prefix_tokens = [0.0] * len(logs)
-        else:
-            kept_tokens = [log["seeds/generated_tokens"] for log in logs]
-            prefix_tokens = [log["seeds/prefix_tokens"] for log in logs]
+        kept_tokens = tokens[name]
+        prefix_tokens = [log.get("seeds/prefix_tokens", 0.0) for log in logs]
         results[name] = {
             "spec": spec,
             "wall_s": _summary(wall),
@@ -254,6 +256,8 @@ def run(quick: bool, output_dir: str) -> dict:
             "wall_ratio": _summary(wall / base_wall),  # per round: the same round's GRPO step
             "cpu_ratio": _summary(cpu / base_cpu),
             "generated_tokens": _summary(kept_tokens),  # kept in the responses (the trainer's own count)
+            # The physical bound: the step time ratio if a step cost exactly in proportion to its generated tokens.
+            "token_bound_ratio": _summary(kept_tokens / tokens[BASELINE]),
             "prefix_tokens": _summary(prefix_tokens),
             "decoded_tokens": _summary([c["rows"] * c["new_tokens"] for c in calls]),  # what generate() computed
             "decode_steps": _summary([c["new_tokens"] for c in calls]),

@@ -1,9 +1,12 @@
 """The seed bank: eligibility rules, selection strategies, compact storage."""
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from ts_trl import SeedBank
+from ts_trl.bank import Rollout
+from ts_trl.snapshots import map_bank_file, rollouts_to_table, write_bank_file
 
 
 def _bank():
@@ -36,6 +39,7 @@ def test_selection_strategies():
     assert bank.sample(["p"], 5, rng, "passrate", pass_rates={"p": 0.0})[0].rollout_id == "a0"
     assert bank.sample(["p"], 5, rng, "passrate", pass_rates={"p": 1.0})[0].rollout_id == "a1"
     assert bank.sample(["q", "none"], 5, rng, "success") == [None, None]
+    assert SeedBank().sample(["p", "q"], 5, rng) == [None, None]
     drawn = {bank.sample(["p"], 5, rng, "uniform")[0].rollout_id for _ in range(50)}
     assert drawn == {"a0", "a1"}
 
@@ -65,11 +69,74 @@ def test_external_seeds_are_always_old_enough():
 
 
 def test_bank_of_100k_rollouts_of_512_tokens_is_compact():
-    bank = SeedBank()
     ids = np.arange(512, dtype=np.int32)
     logps = np.full(512, -1.0, dtype=np.float32)
-    for i in range(100_000):
-        bank.add(f"r{i}", f"p{i % 1000}", ids, logps, reward=0.0, step=i // 1000)
+    bank = SeedBank()
+    for first in range(0, 100_000, 1000):  # the trainer adds one batch of rollouts per step
+        batch = [
+            Rollout(f"r{i}", f"p{i % 1000}", "", "", ids, logps, 0.0, i // 1000) for i in range(first, first + 1000)
+        ]
+        bank.add_rollouts(batch)
     raw = 100_000 * 512 * 8  # int32 ids + float32 log-probs
     assert bank.nbytes < 1.3 * raw < 1e9
+    assert bank.metadata_bytes_per_rollout <= 40  # no per-rollout Python objects
     assert bank.lookup("r99999").completion_ids[-1] == 511
+    assert "r100000" not in bank and "r5" in bank
+
+
+def _table(rollouts):
+    return rollouts_to_table(rollouts, "checkpoint-1", "tiny", "fp", [])
+
+
+def test_columnar_fill_matches_row_by_row_and_does_not_copy_tokens(tmp_path):
+    rollouts = [
+        Rollout(f"id-{i}", f"p{i % 3}", "", "", list(range(i % 5 + 1)), [-0.5] * (i % 5 + 1), float(i % 2), i // 4)
+        for i in range(40)
+    ]
+    by_rows, by_columns = SeedBank(), SeedBank()
+    for r in rollouts:
+        by_rows.add(r.rollout_id, r.prompt_id, r.completion_ids, r.logprobs, r.reward, r.step)
+    path = tmp_path / "shard.arrow"
+    with pa.ipc.new_file(path, _table(rollouts).schema) as writer:
+        writer.write_table(_table(rollouts))
+    mapped = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+    by_columns.add_table(mapped)
+    assert by_columns.rollout_ids == by_rows.rollout_ids == [r.rollout_id for r in rollouts]
+    for bank in (by_rows, by_columns):
+        bank.mark_snapshotted()
+    for prompt in ("p0", "p1", "p2"):
+        assert list(by_columns.eligible(prompt, 10, 1)) == list(by_rows.eligible(prompt, 10, 1))
+    seed = by_columns.lookup("id-13")
+    assert seed.completion_ids.tolist() == [0, 1, 2, 3] and seed.step == 3 and seed.prompt_id == "p1"
+    flat = mapped.column("completion_ids").chunk(0).values.to_numpy()
+    assert np.shares_memory(seed.completion_ids, flat)  # a view of the memory-mapped file, not a copy
+    assert by_columns.sample(["p1"], 10, np.random.default_rng(0))[0].rollout_id in by_rows.rollout_ids
+
+
+def test_duplicate_rollout_ids_are_refused_in_every_path():
+    bank = _bank()
+    twice = [Rollout("n", "p", "", "", [1, 2], [0.0, 0.0], 0.0, 1)] * 2
+    with pytest.raises(ValueError, match="'n' is already"):
+        bank.add_rollouts(twice)
+    with pytest.raises(ValueError, match="'a1' is already"):
+        bank.add_table(_table([Rollout("a1", "p", "", "", [1, 2], [0.0, 0.0], 0.0, 1)]))
+    assert len(bank) == 4
+
+
+def test_attaching_a_snapshot_moves_the_payload_onto_the_mapped_file(tmp_path):
+    bank = SeedBank()
+    fresh = [Rollout(f"n{i}", "p", "", "", [5, 6, 7], [-0.7] * 3, 1.0, 4) for i in range(3)]
+    bank.add_rollouts(fresh)
+    with pytest.raises(ValueError, match="another run or step"):
+        bank.attach_snapshot(_table(fresh[:2]))
+    write_bank_file(_table(fresh), tmp_path / "bank.arrow")
+    mapped = map_bank_file(tmp_path / "bank.arrow")
+    bank.attach_snapshot(mapped)
+    assert bank.num_snapshotted == len(bank) == 3
+    seed = bank.lookup("n2")
+    assert seed.completion_ids.tolist() == [5, 6, 7] and seed.logprobs.tolist() == pytest.approx([-0.7] * 3)
+    flat = mapped.column("completion_ids").chunk(0).values.to_numpy()
+    assert np.shares_memory(seed.completion_ids, flat)  # read from the mapped file
+    assert len(bank._tokens.chunks) == 1  # the bank's own copy of those rows was released
+    bank.add("after", "p", [1, 2], [0.0, 0.0], 0.0, 5)  # appending keeps working after the release
+    assert bank.lookup("after").completion_ids.tolist() == [1, 2] and bank.lookup("n0").step == 4

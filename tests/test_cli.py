@@ -350,9 +350,11 @@ def test_two_cpu_processes_agree_on_every_draw(tiny_dir, tmp_path):
     train = [*_data_args(tiny_dir, output_dir), *SMALL, "--per_device_train_batch_size", str(per_device)]
     result = _launch(tmp_path, two_ranks, [*train, "--max_steps", str(steps), "--use_cpu"])
     assert "Training on 2 process(es)" in result.stdout
-    _, rows = _seed_rows(output_dir)
+    manifest, rows = _seed_rows(output_dir)
     ids = [r["rollout_id"] for r in rows]
     assert len(ids) == len(set(ids)) == steps * per_device * processes  # each rollout exactly once
+    # Both ranks drew their seeds from the one memory-mapped copy of each snapshot (seeds/bank/*.arrow).
+    assert all((output_dir / "seeds" / s["bank_file"]).is_file() for s in manifest["shards"])
     by_id = {r["rollout_id"]: r for r in rows}
     continuations = [r for r in rows if r["seed_origin"] is not None]
     assert continuations

@@ -37,7 +37,9 @@ def test_every_imported_package_is_a_declared_dependency():
     import sys
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = {re.split(r"[\[<>=!;~ ]", spec, maxsplit=1)[0].lower().replace("-", "_") for spec in project["dependencies"]}
+    declared = {
+        re.split(r"[\[<>=!;~ ]", spec, maxsplit=1)[0].lower().replace("-", "_") for spec in project["dependencies"]
+    }
     # Distribution name -> the module it provides, where they differ; TRL's extras bring the optional ones.
     provides = {"pyyaml": "yaml"}
     importable = {provides.get(name, name) for name in declared} | {"peft"}  # peft: trl[peft]

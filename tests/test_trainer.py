@@ -1,6 +1,7 @@
 """DESIGN.md's invariants, each checked through `trainer.train()` on the tiny model."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,12 @@ def seeded_run(tmp_path_factory):
 
     def spy_generate(*args, **kwargs):
         ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
-        generate_inputs.extend(row[m.bool()].tolist() for row, m in zip(ids, mask))
-        return original_generate(*args, **kwargs)
+        output = original_generate(*args, **kwargs)
+        # What each row was conditioned on when it sampled its own tokens: its prompt and the tokens before them.
+        generate_inputs.extend(
+            row[m.bool()].tolist() + new.tolist() for row, m, new in zip(ids, mask, output[:, ids.size(1) :])
+        )
+        return output
 
     model.generate = spy_generate
     args = SeedGRPOConfig(
@@ -151,7 +156,7 @@ def test_invariant_7_generation_receives_the_spliced_ids(seeded_run):
         if row["seed_origin"] is None:
             continue
         spliced = tuple(tokenizer(row["prompt"])["input_ids"] + row["completion_ids"][: row["prefix_len"]])
-        assert spliced in inputs
+        assert any(sequence[: len(spliced)] == spliced for sequence in inputs)  # generation continued from the seed
 
 
 def test_behaviour_logprobs_are_those_of_the_sampling_policy(seeded_run, tokenizer):
@@ -247,7 +252,8 @@ def test_invariant_5_prefix_gradient(make_trainer, mode):
     assert torch.all(grad[mask == 0] == 0)
 
 
-def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path):
+@pytest.mark.parametrize("bank_files", [True, False], ids=["mapped", "parquet-only"])
+def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path, bank_files):
     banks = {}
 
     def record_banks(trainer):
@@ -266,6 +272,11 @@ def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path):
     output_dir = Path(first.args.output_dir)
     shard_ids_before = {r["rollout_id"] for r in _rows(output_dir) if r["shard_step"] <= 4}
 
+    assert sorted(p.name for p in (output_dir / "seeds" / "bank").iterdir()) == [
+        f"step-{s:06d}.arrow" for s in (2, 4, 6)
+    ]
+    if not bank_files:  # the memory-mappable copies are a cache: the Parquet shards alone restore the same bank
+        shutil.rmtree(output_dir / "seeds" / "bank")
     resumed = record_banks(make_trainer(max_steps=6, save_steps=2))
     seen_at_start = []
     original = resumed.seed_store.start
@@ -377,6 +388,29 @@ def test_fully_seeded_batches_generate_only_the_budget_left(make_trainer):
     assert budgets[0] == 12  # nothing to seed from at the first step
     assert min(budgets) < 12  # later, every group is seeded: the longest remaining budget bounds generation
     assert trainer.generation_config.max_new_tokens == 12  # restored after each call
+
+
+def test_mixed_batches_decode_like_grpo_and_rows_stop_at_their_budget(make_trainer):
+    """Static HF generate: no row is padded for another's prefix, and no step decodes more than any row needs."""
+    trainer = make_trainer(seed_fraction=0.5, max_steps=8, save_steps=1, dataset=tiny_prompts(2))
+    calls = []
+    original = trainer.model.generate
+
+    def spy(*args, **kwargs):
+        output = original(*args, **kwargs)
+        calls.append((kwargs["attention_mask"], kwargs["generation_config"].max_new_tokens, output.size(1)))
+        return output
+
+    trainer.model.generate = spy
+    trainer.train()
+    rows = _rows(trainer.args.output_dir)
+    mixed = {r["step"] for r in rows if r["prefix_len"]} & {r["step"] for r in rows if not r["prefix_len"]}
+    assert mixed, "no batch mixed seeded and plain groups"
+    for mask, _, _ in calls:
+        assert bool(mask.all())  # equal-length prompts stay unpadded: the prefixes are not in the prompts
+    for r in rows:  # every row is its prefix plus a continuation within the budget left
+        assert len(r["completion_ids"]) <= trainer.max_completion_length
+    assert "generate" not in vars(trainer.model) or trainer.model.generate is spy  # the forcing wrapper is removed
 
 
 def test_conversational_prompts_are_measured_against_the_budget(make_trainer):

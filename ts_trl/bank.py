@@ -1,8 +1,10 @@
-"""The seed bank: every rollout the run has produced, kept in compact arrays and sampled per prompt.
+"""The seed bank: every rollout the run has produced, as fixed-size NumPy metadata plus variable-length payload rows.
 
-Token ids (int32) and behaviour log-probs (float32) live in a few large chunks rather than in Python lists, so a
-bank of 10^5 rollouts x 512 tokens costs about 0.4 GB. Per-rollout metadata are parallel NumPy arrays; each prompt
-keeps the positions of its rollouts so `sample` costs time in the rollouts of that prompt, not in the bank's size.
+Each rollout costs 40 bytes of metadata (payload address, step, reward, prompt, rollout-id address, and its places in
+the prompt and rollout-id indexes) and no Python object. The payload (token ids, behaviour log-probs, the rollout id's
+text) lives in a few contiguous chunks. Rows loaded from an Arrow table (`add_table`) are not copied: the chunks are
+views of the table's buffers, so a bank filled from memory-mapped Arrow IPC files shares its token ids with every
+other process on the node that maps them, through the page cache.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
-_PROMPT_ROW = np.dtype([("index", np.int64), ("step", np.int32), ("length", np.int32), ("reward", np.float32)])
-_NO_ROWS = np.empty(0, dtype=_PROMPT_ROW)
+TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
+ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
+TABLE_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")  # what `add_table` reads
+_HASH_TAIL = 4096  # rollout-id hashes kept unsorted before they are merged into the sorted index
 
 
 @dataclass(frozen=True)
@@ -48,42 +53,85 @@ class Seed:
     step: int
 
 
-class _ChunkedArray:
-    """An append-only store of variable-length rows in a few contiguous chunks (no per-row Python objects).
+class _Payload:
+    """Variable-length rows of one or more aligned dtypes in a few chunks; a row is addressed by one int64.
 
-    Chunks double up to `max_chunk` elements. NumPy asks for huge pages on large arrays, so a fresh chunk is soon
-    resident in full: the cap bounds that slack to one chunk (4 MB of int32), not half the bank.
+    Addresses are `global_start << length_bits | length`, where chunk `c` covers global positions
+    `[firsts[c], firsts[c] + len(chunk))`. Small appends are copied into a growing chunk (doubling up to `max_chunk`
+    elements: NumPy asks for huge pages on large arrays, so the cap bounds the resident slack to one chunk); an append
+    of `max_chunk` elements or more becomes a chunk of its own, and with `copy=False` every append is kept as a view.
     """
 
-    def __init__(self, dtype, first_chunk: int = 1 << 16, max_chunk: int = 1 << 20):
-        self.dtype = np.dtype(dtype)
-        self.chunks: list[np.ndarray] = []
-        self.used = 0  # tokens used in the last chunk
-        self.next_size = first_chunk
-        self.max_chunk = max_chunk
+    def __init__(self, dtypes, length_bits: int, first_chunk: int = 1 << 16, max_chunk: int = 1 << 20):
+        self.dtypes = [np.dtype(d) for d in dtypes]
+        self.length_bits = length_bits
+        self.chunks: list[tuple[np.ndarray, ...]] = []
+        self.firsts = np.zeros(0, dtype=np.int64)
+        self.end = 0  # global position past the last chunk
+        self.used = 0  # elements used in the last chunk, when it is a growing one
+        self.growing = False
+        self.next_size, self.max_chunk = first_chunk, max_chunk
 
-    def append(self, values: np.ndarray) -> tuple[int, int]:
-        n = len(values)
-        if not self.chunks or self.used + n > len(self.chunks[-1]):
-            size = max(self.next_size, n)
-            self.chunks.append(np.empty(size, dtype=self.dtype))
-            self.next_size = min(self.next_size * 2, self.max_chunk)
-            self.used = 0
-        start = self.used
-        self.chunks[-1][start : start + n] = values
-        self.used += n
-        return len(self.chunks) - 1, start
+    def _add_chunk(self, arrays: tuple[np.ndarray, ...], growing: bool) -> None:
+        self.chunks.append(arrays)
+        self.firsts = np.append(self.firsts, self.end)
+        self.end += len(arrays[0])
+        self.growing, self.used = growing, 0
 
-    def get(self, chunk: int, start: int, length: int) -> np.ndarray:
-        return self.chunks[chunk][start : start + length]
+    def extend(self, columns: Sequence[np.ndarray], offsets: np.ndarray, copy: bool = True) -> np.ndarray:
+        """Stores rows `columns[:, offsets[i]:offsets[i + 1]]` and returns their addresses."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        lengths = np.diff(offsets)
+        if len(lengths) and lengths.max() >= 1 << self.length_bits:
+            raise ValueError(
+                f"A seed-bank row holds {lengths.max()} elements; the limit is {(1 << self.length_bits) - 1}."
+            )
+        low, high = int(offsets[0]), int(offsets[-1])
+        columns = [np.asarray(c[low:high], dtype=d) for c, d in zip(columns, self.dtypes)]
+        total = high - low
+        if not copy or total >= self.max_chunk:
+            self._add_chunk(tuple(np.array(c) if copy else c for c in columns), growing=False)
+            base = int(self.firsts[-1])
+        else:
+            if not self.growing or self.used + total > len(self.chunks[-1][0]):
+                size = max(self.next_size, total)
+                self._add_chunk(tuple(np.empty(size, dtype=d) for d in self.dtypes), growing=True)
+                self.next_size = min(self.next_size * 2, self.max_chunk)
+            for chunk, values in zip(self.chunks[-1], columns):
+                chunk[self.used : self.used + total] = values
+            base = int(self.firsts[-1]) + self.used
+            self.used += total
+        return ((base + offsets[:-1] - low) << self.length_bits) | lengths
+
+    def rows(self, addresses: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+        """The rows at `addresses`, as views into the chunks."""
+        addresses = np.asarray(addresses, dtype=np.int64)
+        starts, lengths = addresses >> self.length_bits, addresses & ((1 << self.length_bits) - 1)
+        chunk_of = np.searchsorted(self.firsts, starts, side="right") - 1
+        local = starts - self.firsts[chunk_of]
+        return [
+            tuple(a[s : s + n] for a in self.chunks[c])
+            for c, s, n in zip(chunk_of.tolist(), local.tolist(), lengths.tolist())
+        ]
+
+    def release_unused(self, addresses: np.ndarray) -> None:
+        """Drops the chunks no address points into (their rows moved elsewhere); views handed out keep theirs alive."""
+        if not self.chunks:
+            return
+        starts = np.asarray(addresses, dtype=np.int64) >> self.length_bits
+        used = np.bincount(np.searchsorted(self.firsts, starts, side="right") - 1, minlength=len(self.chunks)) > 0
+        if not used[-1]:
+            self.growing = False  # the next small append starts a fresh chunk
+        self.chunks = [c for c, keep in zip(self.chunks, used) if keep]
+        self.firsts = self.firsts[used]
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.chunks)
+        return sum(a.nbytes for arrays in self.chunks for a in arrays)
 
 
-class _GrowableColumn:
-    """A NumPy column with amortised appends."""
+class _Column:
+    """A NumPy column with amortised appends (capacity doubles; pages past `size` are never touched)."""
 
     __slots__ = ("data", "size")
 
@@ -91,15 +139,75 @@ class _GrowableColumn:
         self.data = np.empty(capacity, dtype=dtype)
         self.size = 0
 
-    def append(self, value) -> None:
-        if self.size == len(self.data):
-            self.data = np.resize(self.data, 2 * len(self.data))
-        self.data[self.size] = value
-        self.size += 1
+    def extend(self, values) -> None:
+        values = np.asarray(values, dtype=self.data.dtype)
+        needed = self.size + len(values)
+        if needed > len(self.data):
+            grown = np.empty(max(needed, 2 * len(self.data)), dtype=self.data.dtype)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size : needed] = values
+        self.size = needed
 
     @property
     def values(self) -> np.ndarray:
         return self.data[: self.size]
+
+
+def _hash_strings(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """FNV-1a (32 bit) of each UTF-8 string `data[offsets[i]:offsets[i + 1]]`, vectorised over the strings."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    hashes = np.full(len(lengths), 2166136261, dtype=np.uint32)
+    if not len(lengths):
+        return hashes
+    if len(lengths) <= 8:  # a few ids (single adds): plain Python beats the vectorised passes
+        for i in range(len(lengths)):
+            h = 2166136261
+            for byte in data[offsets[i] : offsets[i + 1]].tobytes():
+                h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+            hashes[i] = h
+        return hashes
+    # One row of bytes per string (zero-padded), transposed so that each pass reads one contiguous column.
+    width = int(lengths.max())
+    if (lengths == width).all():
+        matrix = data[offsets[0] : offsets[-1]].reshape(-1, width).T.copy()
+    else:
+        matrix = np.zeros((width, len(lengths)), dtype=np.uint8)
+        row = np.repeat(np.arange(len(lengths)), lengths)
+        column = np.arange(len(row)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        matrix[column, row] = data[offsets[0] : offsets[-1]]
+    prime = np.uint32(16777619)
+    for j in range(width):
+        mixed = (hashes ^ matrix[j]) * prime
+        hashes = mixed if (lengths > j).all() else np.where(lengths > j, mixed, hashes)
+    return hashes
+
+
+def _member(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Whether each of `values` is in `sorted_values`."""
+    if not len(sorted_values):
+        return np.zeros(len(values), dtype=bool)
+    position = np.searchsorted(sorted_values, values).clip(0, len(sorted_values) - 1)
+    return sorted_values[position] == values
+
+
+def _utf8(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    encoded = [s.encode() for s in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+def _string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes and offsets of an Arrow string array, without copying them."""
+    array = array.cast(pa.string()) if array.type != pa.string() else array
+    if array.null_count:
+        raise ValueError("The seed dataset has rows without a rollout_id or prompt_id; every row needs both.")
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int32)[array.offset : array.offset + len(array) + 1]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    return data, offsets.astype(np.int64)
 
 
 class SeedBank:
@@ -114,26 +222,35 @@ class SeedBank:
         # A rollout succeeded when its `success_reward` (a reward function's name; None: the weighted total) is
         # above `success_threshold`; the bank keeps that reward as each rollout's `reward`.
         self.success_reward, self.success_threshold = success_reward, success_threshold
-        self._ids = _ChunkedArray(np.int32)
-        self._logps = _ChunkedArray(np.float32)
-        self._chunk = _GrowableColumn(np.int32)
-        self._start = _GrowableColumn(np.int64)
-        self._length = _GrowableColumn(np.int32)
-        self._step = _GrowableColumn(np.int32)  # EXTERNAL_STEP for rollouts of another run
-        self._reward = _GrowableColumn(np.float32)
-        self.rollout_ids: list[str] = []
-        self.prompt_ids: list[str] = []
-        # Per prompt, what eligibility reads, side by side: `sample` touches only the asked prompts' rows, so its
-        # cost does not grow with the bank (a per-prompt list of indices into bank-wide columns cache-missed per row).
-        self._by_prompt: dict[str, _GrowableColumn] = {}
-        self._by_rollout_id: dict[str, int] = {}
+        self._tokens = _Payload((np.int32, np.float32), TOKEN_LENGTH_BITS)  # token ids and behaviour log-probs
+        self._id_text = _Payload((np.uint8,), ID_LENGTH_BITS)
+        self._token_address = _Column(np.int64)
+        self._id_address = _Column(np.int64)
+        self._step = _Column(np.int32)  # EXTERNAL_STEP for rollouts of another run
+        self._reward = _Column(np.float32)
+        self._prompt = _Column(np.int32)
+        # Prompts, one entry each (not per rollout), and the rollouts grouped by prompt: `_by_prompt[_starts[p]:
+        # _starts[p + 1]]` are the indices of prompt p's rollouts, so `sample` costs time in the asked prompts'
+        # rollouts, not in the bank's size. Rollouts added since the last `_index_prompts` are appended on demand.
+        self._prompt_code: dict[str, int] = {}
+        self._prompt_names: list[str] = []
+        self._by_prompt = np.zeros(0, dtype=np.int32)
+        self._starts = np.zeros(1, dtype=np.int64)
+        self._prompt_indexed = 0
+        # Rollout ids by 32-bit hash, sorted (collisions are told apart by the text), plus a short unsorted tail.
+        self._hash_sorted = np.zeros(0, dtype=np.uint32)
+        self._hash_order = np.zeros(0, dtype=np.int32)
+        self._hash_tail = _Column(np.uint32, capacity=_HASH_TAIL)
         self.num_snapshotted = 0  # rollouts [0, num_snapshotted) are in a written snapshot (or external)
 
     def __len__(self) -> int:
-        return len(self.rollout_ids)
+        return self._step.size
 
     def __contains__(self, rollout_id: str) -> bool:
-        return rollout_id in self._by_rollout_id
+        return self._find(rollout_id) is not None
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Adding rollouts
 
     def add(
         self,
@@ -152,33 +269,195 @@ class SeedBank:
             raise ValueError(
                 f"Rollout {rollout_id!r} has {len(ids)} token ids but {len(logps)} log-probs; they must align."
             )
-        if rollout_id in self._by_rollout_id:
-            raise ValueError(f"Rollout {rollout_id!r} is already in the seed bank.")
-        index = len(self.rollout_ids)
-        chunk, start = self._ids.append(ids)
-        self._logps.append(logps)  # same chunk sizes, hence the same (chunk, start)
-        self._chunk.append(chunk)
-        self._start.append(start)
-        self._length.append(len(ids))
-        self._step.append(EXTERNAL_STEP if external else step)
-        self._reward.append(np.nan if reward is None else reward)
-        self.rollout_ids.append(rollout_id)
-        self.prompt_ids.append(prompt_id)
-        rows = self._by_prompt.get(prompt_id)
-        if rows is None:
-            rows = self._by_prompt[prompt_id] = _GrowableColumn(_PROMPT_ROW, capacity=4)
-        rows.append((index, EXTERNAL_STEP if external else step, len(ids), np.nan if reward is None else reward))
-        self._by_rollout_id[rollout_id] = index
-        if external:
-            if index != self.num_snapshotted:
-                raise ValueError("Rollouts of another run must be loaded before this run's own rollouts.")
-            self.num_snapshotted += 1
+        index = len(self)
+        self._extend(
+            *_utf8([rollout_id]),
+            [prompt_id],
+            np.zeros(1, dtype=np.int32),
+            ids,
+            logps,
+            np.array([0, len(ids)]),
+            [np.nan if reward is None else reward],
+            [step],
+            external,
+        )
         return index
 
     def add_rollouts(self, rollouts: Sequence[Rollout]) -> None:
-        for r in rollouts:
-            reward = r.rewards.get(self.success_reward, r.reward) if self.success_reward else r.reward
-            self.add(r.rollout_id, r.prompt_id, r.completion_ids, r.logprobs, reward, r.step)
+        """Stores a batch of rollouts in one columnar append (no per-rollout work beyond reading their fields)."""
+        if not rollouts:
+            return
+        ids = [np.asarray(r.completion_ids, dtype=np.int32) for r in rollouts]
+        logps = [np.asarray(r.logprobs, dtype=np.float32) for r in rollouts]
+        for r, i, lp in zip(rollouts, ids, logps):
+            if i.shape != lp.shape:
+                raise ValueError(
+                    f"Rollout {r.rollout_id!r} has {len(i)} token ids but {len(lp)} log-probs; they must align."
+                )
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum([len(i) for i in ids], out=offsets[1:])
+        names, codes = np.unique([r.prompt_id for r in rollouts], return_inverse=True)
+        self._extend(
+            *_utf8([r.rollout_id for r in rollouts]),
+            names.tolist(),
+            codes,
+            np.concatenate(ids),
+            np.concatenate(logps),
+            offsets,
+            [np.nan if reward is None else reward for reward in map(self._success_value, rollouts)],
+            [r.step for r in rollouts],
+            external=False,
+        )
+
+    def _success_value(self, rollout: Rollout) -> float | None:
+        return rollout.rewards.get(self.success_reward, rollout.reward) if self.success_reward else rollout.reward
+
+    def add_table(self, table: pa.Table, external: bool = False) -> None:
+        """Stores every row of a seed-dataset table, column by column; token ids and log-probs are not copied.
+
+        The bank keeps views of the table's buffers: a table read from memory-mapped Arrow IPC files keeps its token
+        ids in the page cache, shared by every process that maps the same files.
+        """
+        if table is None or table.num_rows == 0:
+            return
+        for batch in table.select(list(TABLE_COLUMNS)).to_batches():
+            if batch.num_rows == 0:
+                continue
+            ids_column, logps_column = batch.column("completion_ids"), batch.column("logprobs")
+            offsets = ids_column.offsets.to_numpy()
+            if not np.array_equal(offsets, logps_column.offsets.to_numpy()):
+                raise ValueError(
+                    "The seed dataset's `logprobs` do not align with its `completion_ids` (different lengths)."
+                )
+            prompts = batch.column("prompt_id").cast(pa.string()).dictionary_encode()
+            self._extend(
+                *_string_buffers(batch.column("rollout_id")),
+                prompts.dictionary.to_pylist(),
+                prompts.indices.to_numpy(zero_copy_only=False),
+                ids_column.values.to_numpy(zero_copy_only=False),
+                logps_column.values.to_numpy(zero_copy_only=False),
+                offsets,
+                batch.column("reward").to_numpy(zero_copy_only=False),
+                batch.column("step").to_numpy(zero_copy_only=False),
+                external,
+                copy=False,
+            )
+        self._index_prompts()  # part of loading: the first `sample` after a resume pays nothing extra
+
+    def attach_snapshot(self, table: pa.Table) -> None:
+        """Moves the payload of the rollouts since the last snapshot onto `table`, that snapshot as written, and marks
+        them snapshotted. With `table` memory-mapped from a file every rank on the node maps, the bank's own copies of
+        those token ids are freed and every rank reads the one copy in the page cache.
+        """
+        first = self.num_snapshotted
+        ids = table.column("rollout_id").to_pylist()
+        if ids != self.rollout_ids[first:]:
+            raise ValueError(
+                f"The snapshot holds {len(ids)} rollouts that are not the {len(self) - first} this bank added since "
+                "its last snapshot; it belongs to another run or step."
+            )
+        token_addresses, id_addresses = [], []
+        for batch in table.select(["rollout_id", "completion_ids", "logprobs"]).to_batches():
+            ids_column, logps_column = batch.column("completion_ids"), batch.column("logprobs")
+            columns = (
+                ids_column.values.to_numpy(zero_copy_only=False),
+                logps_column.values.to_numpy(zero_copy_only=False),
+            )
+            token_addresses.append(self._tokens.extend(columns, ids_column.offsets.to_numpy(), copy=False))
+            id_bytes, id_offsets = _string_buffers(batch.column("rollout_id"))
+            id_addresses.append(self._id_text.extend((id_bytes,), id_offsets, copy=False))
+        if token_addresses:
+            self._token_address.values[first:] = np.concatenate(token_addresses)
+            self._id_address.values[first:] = np.concatenate(id_addresses)
+        self._tokens.release_unused(self._token_address.values)
+        self._id_text.release_unused(self._id_address.values)
+        self.num_snapshotted = len(self)
+
+    def _extend(
+        self,
+        id_bytes: np.ndarray,
+        id_offsets: np.ndarray,
+        prompt_names: Sequence[str],
+        prompt_codes: np.ndarray,
+        flat_ids: np.ndarray,
+        flat_logps: np.ndarray,
+        offsets: np.ndarray,
+        rewards,
+        steps,
+        external: bool,
+        copy: bool = True,
+    ) -> None:
+        """The one place rollouts enter the bank: checks the batch, then appends every column."""
+        n = len(offsets) - 1
+        if external and len(self) != self.num_snapshotted:
+            raise ValueError("Rollouts of another run must be loaded before this run's own rollouts.")
+        hashes = self._check_new_ids(id_bytes, id_offsets)
+        codes = np.array([self._prompt_code.setdefault(p, len(self._prompt_code)) for p in prompt_names], np.int32)
+        self._prompt_names.extend(list(self._prompt_code)[len(self._prompt_names) :])
+        self._token_address.extend(self._tokens.extend((flat_ids, flat_logps), offsets, copy=copy))
+        self._id_address.extend(self._id_text.extend((id_bytes,), id_offsets, copy=copy))
+        self._prompt.extend(codes[np.asarray(prompt_codes, dtype=np.int64)] if n else codes[:0])
+        self._reward.extend(np.asarray(rewards, dtype=np.float32))
+        self._step.extend(np.full(n, EXTERNAL_STEP, np.int32) if external else np.asarray(steps, np.int32))
+        self._hash_tail.extend(hashes)
+        if self._hash_tail.size >= _HASH_TAIL:
+            self._index_hashes()
+        if external:
+            self.num_snapshotted = len(self)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Rollout ids: a 32-bit hash index, the text decides
+
+    def _check_new_ids(self, id_bytes: np.ndarray, id_offsets: np.ndarray) -> np.ndarray:
+        """The hashes of a batch of new rollout ids; refuses an id already in the bank or twice in the batch."""
+        hashes = _hash_strings(id_bytes, id_offsets)
+        suspect = _member(self._hash_sorted, hashes) | _member(np.sort(self._hash_tail.values), hashes)
+        if len(hashes) > 1:
+            order = np.argsort(hashes, kind="stable")
+            repeated = np.flatnonzero(np.diff(hashes[order]) == 0)
+            suspect[order[repeated]] = suspect[order[repeated + 1]] = True
+        seen: set[str] = set()
+        for i in np.flatnonzero(suspect).tolist():  # rare: equal 32-bit hashes, so the text decides
+            text = id_bytes[id_offsets[i] : id_offsets[i + 1]].tobytes().decode()
+            if text in seen or self._find(text, int(hashes[i])) is not None:
+                raise ValueError(f"Rollout {text!r} is already in the seed bank.")
+            seen.add(text)
+        return hashes
+
+    def _index_hashes(self) -> None:
+        """Merges the unsorted tail of rollout-id hashes into the sorted index."""
+        tail = self._hash_tail.values
+        if not len(tail):
+            return
+        first = len(self._hash_sorted)
+        hashes = np.concatenate([self._hash_sorted, tail])
+        order = np.concatenate([self._hash_order, np.arange(first, first + len(tail), dtype=np.int32)])
+        sort = np.argsort(hashes)
+        self._hash_sorted, self._hash_order = hashes[sort], order[sort]
+        self._hash_tail = _Column(np.uint32, capacity=_HASH_TAIL)
+
+    def _find(self, rollout_id: str, hashed: int | None = None) -> int | None:
+        if hashed is None:
+            hashed = int(_hash_strings(*_utf8([rollout_id]))[0])
+        low, high = np.searchsorted(self._hash_sorted, [hashed, hashed + 1])
+        candidates = self._hash_order[low:high].tolist()
+        first_tail = len(self._hash_sorted)
+        candidates += (first_tail + np.flatnonzero(self._hash_tail.values == hashed)).tolist()
+        for index in candidates:
+            if self._rollout_id(index) == rollout_id:
+                return index
+        return None
+
+    def _rollout_id(self, index: int) -> str:
+        return self._id_text.rows(self._id_address.values[[index]])[0][0].tobytes().decode()
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        """Every rollout id, in bank order (built on demand: the bank itself keeps no per-rollout strings)."""
+        return [row[0].tobytes().decode() for row in self._id_text.rows(self._id_address.values)]
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Reading and sampling
 
     def mark_snapshotted(self) -> None:
         """Records that every rollout stored so far is part of a written snapshot."""
@@ -188,21 +467,53 @@ class SeedBank:
         return self._get_many(np.array([index]))[0]
 
     def lookup(self, rollout_id: str) -> Seed:
-        return self.get(self._by_rollout_id[rollout_id])
+        index = self._find(rollout_id)
+        if index is None:
+            raise KeyError(rollout_id)
+        return self.get(index)
+
+    def _index_prompts(self) -> None:
+        """Files the rollouts added since the last call under their prompts (one O(bank) merge per batch of adds)."""
+        first, last = self._prompt_indexed, len(self)
+        num_prompts = len(self._prompt_names)
+        if len(self._starts) < num_prompts + 1:
+            self._starts = np.concatenate(
+                [self._starts, np.full(num_prompts + 1 - len(self._starts), self._starts[-1], np.int64)]
+            )
+        if first == last:
+            return
+        codes = self._prompt.values[first:last]
+        sort = np.argsort((codes.astype(np.int64) << 32) | np.arange(last - first))  # by prompt, then by index
+        new = (first + sort).astype(np.int32)
+        self._by_prompt = np.insert(self._by_prompt, self._starts[codes[sort] + 1], new)
+        self._starts[1:] += np.cumsum(np.bincount(codes, minlength=num_prompts))
+        self._prompt_indexed = last
+
+    def _rows_of(self, prompt_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The indices of the rollouts of each prompt, concatenated, and the position of their prompt in the list."""
+        self._index_prompts()
+        codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
+        known = codes >= 0
+        if not known.any():
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        starts = np.where(known, self._starts[codes.clip(0)], 0)
+        counts = np.where(known, self._starts[codes.clip(0) + 1] - starts, 0)
+        group = np.repeat(np.arange(len(codes)), counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        return self._by_prompt[starts[group] + within].astype(np.int64), group
+
+    def _lengths(self, indices: np.ndarray) -> np.ndarray:
+        return self._token_address.values[indices] & ((1 << TOKEN_LENGTH_BITS) - 1)
 
     def eligible(self, prompt_id: str, step: int, min_age: int, snapshot_only: bool = True) -> np.ndarray:
         """Indices of the rollouts of `prompt_id` that may seed a group at `step`."""
-        rows = self._prompt_rows(prompt_id)
-        return rows["index"][self._eligible(rows, step, min_age, snapshot_only)]
+        indices, _ = self._rows_of([prompt_id])
+        return indices[self._eligible(indices, step, min_age, snapshot_only)]
 
-    def _prompt_rows(self, prompt_id: str) -> np.ndarray:
-        rows = self._by_prompt.get(prompt_id)
-        return _NO_ROWS if rows is None else rows.values
-
-    def _eligible(self, rows: np.ndarray, step: int, min_age: int, snapshot_only: bool) -> np.ndarray:
-        keep = (rows["step"] <= step - min_age) & (rows["length"] >= 2)
+    def _eligible(self, indices: np.ndarray, step: int, min_age: int, snapshot_only: bool) -> np.ndarray:
+        keep = (self._step.values[indices] <= step - min_age) & (self._lengths(indices) >= 2)
         if snapshot_only:
-            keep &= rows["index"] < self.num_snapshotted
+            keep &= indices < self.num_snapshotted
         return keep
 
     def sample(
@@ -223,15 +534,10 @@ class SeedBank:
         """
         if selection not in SEED_SELECTIONS:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
-        # Vectorised over the candidates of all prompts at once: one NumPy pass instead of a few calls per prompt,
-        # which kept a 256-prompt draw above 5 ms. Cost: linear in the rollouts of the asked prompts.
-        per_prompt = [self._prompt_rows(prompt_id) for prompt_id in prompt_ids]
-        counts = np.fromiter(map(len, per_prompt), dtype=np.int64, count=len(per_prompt))
-        # Concatenated as raw bytes: NumPy would otherwise promote the structured dtype pair by pair, in Python.
-        rows = np.concatenate([r.view(np.uint8) for r in per_prompt]).view(_PROMPT_ROW) if per_prompt else _NO_ROWS
-        group = np.repeat(np.arange(len(per_prompt)), counts)
-        keep = self._eligible(rows, step, min_age, snapshot_only)
-        wants = [selection] * len(per_prompt)
+        # Vectorised over the candidates of all prompts at once. Cost: linear in the rollouts of the asked prompts.
+        indices, group = self._rows_of(prompt_ids)
+        keep = self._eligible(indices, step, min_age, snapshot_only)
+        wants = [selection] * len(prompt_ids)
         if selection == "passrate":
             rates = pass_rates or {}
             wants = [
@@ -239,46 +545,62 @@ class SeedBank:
             ]
         if "success" in wants or "failure" in wants:
             want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)[group]
-            success = rows["reward"] > self.success_threshold
+            success = self._reward.values[indices] > self.success_threshold
             keep &= np.where(want == SEED_SELECTIONS.index("success"), success, True)
             keep &= np.where(want == SEED_SELECTIONS.index("failure"), ~success, True)
-        kept = np.flatnonzero(keep)  # positions in `rows`, still grouped by prompt
-        kept_counts = np.bincount(group[kept], minlength=len(per_prompt))
+        kept = np.flatnonzero(keep)  # positions in `indices`, still grouped by prompt
+        kept_counts = np.bincount(group[kept], minlength=len(prompt_ids))
         has_seed = kept_counts > 0
         starts, sizes = (np.cumsum(kept_counts) - kept_counts)[has_seed], kept_counts[has_seed]
         picks = starts + rng.integers(sizes)  # uniform among each prompt's kept candidates
-        oldest = np.array([w == "oldest" for w in wants])[has_seed]
+        oldest = np.array([w == "oldest" for w in wants], dtype=bool)[has_seed]
         if oldest.any():
-            kept_steps = rows["step"][kept]
+            kept_steps = self._step.values[indices[kept]]
             for j in np.flatnonzero(oldest):  # argmin: the first of the oldest
                 picks[j] = starts[j] + np.argmin(kept_steps[starts[j] : starts[j] + sizes[j]])
-        chosen = rows["index"][kept[picks]]
-        seeds: list[Seed | None] = [None] * len(per_prompt)
+        chosen = indices[kept[picks]]
+        seeds: list[Seed | None] = [None] * len(prompt_ids)
         for position, seed in zip(np.flatnonzero(has_seed).tolist(), self._get_many(chosen)):
             seeds[position] = seed
         return seeds
 
     def _get_many(self, indices: np.ndarray) -> list[Seed]:
-        """The seeds at `indices`, with the per-rollout columns read in one go (the token arrays are views)."""
-        columns = (self._chunk, self._start, self._length, self._reward, self._step)
-        chunks, starts, lengths, rewards, steps = (c.data[indices].tolist() for c in columns)
+        """The seeds at `indices` (their token arrays are views into the bank's chunks)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        tokens = self._tokens.rows(self._token_address.values[indices])
+        texts = self._id_text.rows(self._id_address.values[indices])
+        prompts, rewards, steps = (c.values[indices].tolist() for c in (self._prompt, self._reward, self._step))
         return [
             Seed(
                 index=index,
-                rollout_id=self.rollout_ids[index],
-                prompt_id=self.prompt_ids[index],
-                completion_ids=self._ids.chunks[chunk][start : start + length],
-                logprobs=self._logps.chunks[chunk][start : start + length],
+                rollout_id=text[0].tobytes().decode(),
+                prompt_id=self._prompt_names[prompt],
+                completion_ids=ids,
+                logprobs=logps,
                 reward=reward,
                 step=step,
             )
-            for index, chunk, start, length, reward, step in zip(
-                indices.tolist(), chunks, starts, lengths, rewards, steps
+            for index, text, (ids, logps), prompt, reward, step in zip(
+                indices.tolist(), texts, tokens, prompts, rewards, steps
             )
         ]
 
     @property
+    def metadata_bytes_per_rollout(self) -> float:
+        """Bytes of per-rollout metadata in use (payload excluded: token ids, log-probs and rollout-id text)."""
+        columns = (self._token_address, self._id_address, self._step, self._reward, self._prompt)
+        used = sum(c.size * c.data.itemsize for c in columns) + self._by_prompt.nbytes
+        used += self._hash_sorted.nbytes + self._hash_order.nbytes + self._hash_tail.size * 4
+        return used / max(len(self), 1)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes held by the arrays (token ids, log-probs and per-rollout columns), excluding Python strings."""
-        columns = (self._chunk, self._start, self._length, self._step, self._reward)
-        return self._ids.nbytes + self._logps.nbytes + sum(c.data.nbytes for c in columns)
+        """Bytes held by the bank's arrays: payload chunks, metadata columns (allocated capacity) and indexes."""
+        columns = (self._token_address, self._id_address, self._step, self._reward, self._prompt, self._hash_tail)
+        indexes = (self._by_prompt, self._starts, self._hash_sorted, self._hash_order)
+        return (
+            self._tokens.nbytes
+            + self._id_text.nbytes
+            + sum(c.data.nbytes for c in columns)
+            + sum(a.nbytes for a in indexes)
+        )

@@ -33,7 +33,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .bank import Rollout, SeedBank
+from .bank import TABLE_COLUMNS, Rollout, SeedBank
 
 logger = logging.getLogger(__name__)
 HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
@@ -41,9 +41,10 @@ HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads 
 SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
 CHECKPOINT_POINTER = "seed_snapshot.json"
+BANK_DIR = "bank"  # seeds/bank/step-XXXXXX.arrow: memory-mappable copies of the shards' bank columns
 MANIFEST_FORMAT = 1
 SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
-REQUIRED_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")
+REQUIRED_COLUMNS = TABLE_COLUMNS
 
 
 def shard_name(step: int) -> str:
@@ -177,8 +178,9 @@ class SeedManifest:
         }
         atomic_write_json(self.seeds_dir / MANIFEST, payload)
 
-    def record(self, file: str, step: int, rows: int) -> None:
-        self.shards = [s for s in self.shards if s["file"] != file] + [{"file": file, "step": step, "rows": rows}]
+    def record(self, file: str, step: int, rows: int, bank_file: str | None = None) -> None:
+        entry = {"file": file, "step": step, "rows": rows} | ({"bank_file": bank_file} if bank_file else {})
+        self.shards = [s for s in self.shards if s["file"] != file] + [entry]
         self.shards.sort(key=lambda s: s["step"])
 
     def paths(self, max_step: int | None = None) -> list[Path]:
@@ -195,48 +197,76 @@ class SeedManifest:
         target = self.seeds_dir / "superseded" / time.strftime("%Y%m%d-%H%M%S")
         target.mkdir(parents=True, exist_ok=True)
         for s in later:
-            source = self.seeds_dir / s["file"]
-            if source.exists():
-                shutil.move(source, target / s["file"])
+            for name in (s["file"], s.get("bank_file")):
+                if name and (self.seeds_dir / name).exists():
+                    (target / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.move(self.seeds_dir / name, target / name)
         self.shards = [s for s in self.shards if s["step"] <= step]
         self.save()
         return [s["file"] for s in later]
 
 
-def read_table(paths: Sequence[Path]) -> pa.Table | None:
-    tables = [pq.read_table(p) for p in paths]
+def bank_file_name(step: int) -> str:
+    return f"{BANK_DIR}/step-{step:06d}.arrow"
+
+
+def write_bank_file(table: pa.Table, path: Path) -> None:
+    """Writes the columns the seed bank reads as an uncompressed Arrow IPC file, atomically, for memory-mapping.
+
+    The Parquet shard stays the seed dataset; this file is a local cache of it that every rank on the node maps, so
+    the node holds one copy of the token ids in the page cache instead of one per rank.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    table = table.select(_bank_columns(table.column_names))
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def map_bank_file(path: Path) -> pa.Table:
+    """The bank columns of a snapshot, memory-mapped: reading them touches the page cache, not this process's heap."""
+    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+
+
+def read_bank_tables(seeds_dir: Path, shards: Sequence[dict]) -> pa.Table | None:
+    """The bank columns of `shards`: from their memory-mapped Arrow files where present, else from the Parquet."""
+    tables = []
+    for shard in shards:
+        bank_file = Path(seeds_dir) / shard["bank_file"] if shard.get("bank_file") else None
+        if bank_file is not None and bank_file.exists():
+            tables.append(map_bank_file(bank_file))
+        else:
+            path = Path(seeds_dir) / shard["file"]
+            tables.append(pq.read_table(path, columns=_bank_columns(pq.read_schema(path).names)))
+    return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def read_table(paths: Sequence[Path], columns: Sequence[str] | None = None) -> pa.Table | None:
+    tables = [pq.read_table(p, columns=None if columns is None else list(columns)) for p in paths]
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def fill_bank(bank: SeedBank, table: pa.Table, external: bool = False) -> None:
-    """Adds every row of a seed-dataset table to `bank`, slicing the list columns' flat buffers (no copies per row)."""
+    """Adds every row of a seed-dataset table to `bank`, column by column (the token buffers are not copied).
+
+    The success reward's own column is the bank's reward where the dataset has it (a ts_trl run's shards do), else the
+    weighted total.
+    """
     if table is None or table.num_rows == 0:
         return
-    table = table.combine_chunks()
-    ids_column, logps_column = table.column("completion_ids").chunk(0), table.column("logprobs").chunk(0)
-    offsets = ids_column.offsets.to_numpy()
-    flat_ids = ids_column.values.to_numpy(zero_copy_only=False)
-    flat_logps = logps_column.values.to_numpy(zero_copy_only=False)
-    if not np.array_equal(offsets, logps_column.offsets.to_numpy()):
-        raise ValueError("The seed dataset's `logprobs` do not align with its `completion_ids` (different lengths).")
-    rollout_ids = table.column("rollout_id").to_pylist()
-    prompt_ids = table.column("prompt_id").to_pylist()
-    # The success reward's own column where the dataset has it (a ts_trl run's shards do), else the weighted total.
     success_column = f"reward_{bank.success_reward}"
-    reward_column = success_column if success_column in table.column_names else "reward"
-    rewards = table.column(reward_column).to_numpy(zero_copy_only=False)
-    steps = table.column("step").to_numpy(zero_copy_only=False)
-    for row in range(table.num_rows):
-        start, end = offsets[row], offsets[row + 1]
-        bank.add(
-            rollout_ids[row],
-            prompt_ids[row],
-            flat_ids[start:end],
-            flat_logps[start:end],
-            float(rewards[row]),
-            int(steps[row]),
-            external=external,
-        )
+    if bank.success_reward and success_column in table.column_names:
+        table = table.set_column(table.schema.get_field_index("reward"), "reward", table.column(success_column))
+    bank.add_table(table, external=external)
+
+
+def _bank_columns(names: Sequence[str]) -> list[str]:
+    """The columns the bank reads: its own and the per-function rewards (one may be the success reward)."""
+    return [n for n in names if n in TABLE_COLUMNS or n.startswith("reward_")]
 
 
 def resolve_seed_dataset(path: str | os.PathLike) -> list[Path]:
@@ -371,16 +401,19 @@ class SeedStore:
         manifest = SeedManifest.load(self.seeds_dir)
         if checkpoint is not None:
             step = checkpoint_step(checkpoint)
-            files = self.resume_shards(checkpoint)
+            self.resume_shards(checkpoint)  # stops with one line when this folder lacks the checkpoint's shards
             pointer = Path(checkpoint) / CHECKPOINT_POINTER
             if pointer.exists():
-                self.resumed_state = json.loads(pointer.read_text()).get("state", {})
+                payload = json.loads(pointer.read_text())
+                shards = payload["shards"]
+                self.resumed_state = payload.get("state", {})
             else:  # crashed between the shard and the pointer: the shard of this step is on disk already
+                shards = [s for s in manifest.shards if s["step"] <= step]
                 logger.warning(
                     f"{pointer} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
                     "of seed_selection='passrate' start afresh."
                 )
-            fill_bank(self.bank, read_table(files))
+            fill_bank(self.bank, read_bank_tables(self.seeds_dir, shards))
             self.bank.mark_snapshotted()
             run_id = manifest.run_id
             accelerator.wait_for_everyone()  # every rank has read the shards before any is set aside
@@ -472,7 +505,8 @@ class SeedStore:
             table = with_sampling_metadata(table, self.sampling)
             path = self.seeds_dir / shard_name(step)
             write_shard(table, path)
-            self.manifest.record(path.name, step, table.num_rows)
+            write_bank_file(table, self.seeds_dir / bank_file_name(step))
+            self.manifest.record(path.name, step, table.num_rows, bank_file_name(step))
             self.manifest.save()
             self.unsnapshotted = []
             self.write_dataset_card(path)
@@ -482,7 +516,7 @@ class SeedStore:
                 for name, value in self.pusher.status().items():
                     if isinstance(value, int):
                         self.metrics.setdefault(f"hub/{name}", []).append(value)
-        self.bank.mark_snapshotted()
+        self._attach_snapshot(step)
         return path
 
     def dataset_card(self, shard: Path, dataset_id: str, local: bool):
@@ -496,6 +530,21 @@ class SeedStore:
         """Writes `seeds/README.md` for the local layout, so that `load_dataset(<seeds folder>)` reads this run's shards."""
         card = self.dataset_card(shard, str(self.seeds_dir), local=True)
         atomic_write_bytes(self.seeds_dir / "README.md", str(card).encode())
+
+    def _attach_snapshot(self, step: int) -> None:
+        """Every rank moves the new rollouts' token ids onto the memory-mapped snapshot the main process just wrote.
+
+        So the ranks of a node share one copy of every snapshotted token id (the page cache) and keep only per-rollout
+        metadata of their own. A rank that cannot see the file (another node without a shared output_dir) keeps its
+        own copy. Every rank calls this, at every snapshot: the barrier is a collective (invariant 9).
+        """
+        fresh = len(self.bank) - self.bank.num_snapshotted
+        if self.accelerator.num_processes > 1:
+            self.accelerator.wait_for_everyone()  # the main process has written the file
+        path = self.seeds_dir / bank_file_name(step)
+        if fresh and path.exists():
+            self.bank.attach_snapshot(map_bank_file(path))
+        self.bank.mark_snapshotted()
 
     def write_checkpoint_pointer(self, step: int) -> None:
         """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""

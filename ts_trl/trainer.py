@@ -8,8 +8,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
   continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
   rewards and the loss see the whole response; vLLM is asked, per request, for the budget each prefix leaves
-  (`backends.py`). With `seed_method="replay"`, rows planned as replays are left out of the backend call and filled
-  with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
+  (`backends.py`). With static HF `generate`, only the prefix length every row shares is spliced and each row emits
+  the rest of its prefix as forced first tokens (`prefix_forcing.py`): no row decodes past its budget or is padded for
+  another row's prefix. With `seed_method="replay"`, rows planned as replays are left out of the backend call and
+  filled with a whole stored rollout (planned as a cut at its full length, trained as actions with the same truncated
   importance ratio, and not banked again).
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot.
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import gather_object
+from transformers import LogitsProcessorList
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
@@ -46,6 +50,7 @@ from .config import SeedGRPOConfig
 from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
 from .planning import GroupPlan, GroupPlanner, state_advantages
+from .prefix_forcing import ForcedPrefix, strip_forced
 from .snapshots import (
     SEEDS_DIR,
     PendingRollout,
@@ -269,14 +274,28 @@ class SeedGRPOTrainer(GRPOTrainer):
         generated = [i for i, replayed in enumerate(plan.replayed) if not replayed]
         if not generated or images is not None or multimodal_fields or not self._backend_takes_any_rows:
             generated = list(range(len(spliced)))
+        forced = [[] for _ in spliced]  # per row: prefix tokens `generate` is made to emit (static HF generate only)
+        budget = int(self.max_completion_length - plan.global_prefix_len.min())
+        if self._forces_prefixes:
+            generating = ~plan.global_replayed
+            common = int(plan.global_prefix_len[generating].min()) if generating.any() else 0  # same on every rank
+            budget = self.max_completion_length - common
+            for i, splice in enumerate(plan.splices):
+                if splice is not None:
+                    spliced[i] = list(prompt_ids[i]) + list(splice.prefix_ids[:common])
+                    forced[i] = list(splice.prefix_ids[common:])
         prefix_lens = [len(plan.splices[i].prefix_ids) if plan.splices[i] is not None else 0 for i in generated]
-        with self._generation_budget(plan), self._vllm_request_budgets(plan, prefix_lens):
+        with (
+            self._generation_budget(budget),
+            self._forcing([forced[i] for i in generated]),
+            self._vllm_request_budgets(plan, prefix_lens),
+        ):
             continuations, logprobs = super()._generate_single_turn(
                 [spliced[i] for i in generated], images, multimodal_fields, num_generations, has_tool_images
             )
         row_continuations, row_logprobs = [None] * len(spliced), [None] * len(spliced)
         for j, i in enumerate(generated):
-            row_continuations[i] = continuations[j]
+            row_continuations[i] = strip_forced(continuations[j], forced[i])
             row_logprobs[i] = logprobs[j] if logprobs is not None else None
         completion_ids, masks, sampling_logprobs = [], [], []
         for i, (splice, continuation) in enumerate(zip(plan.splices, row_continuations)):
@@ -299,14 +318,13 @@ class SeedGRPOTrainer(GRPOTrainer):
         return completion_ids, (sampling_logprobs if logprobs is not None else None)
 
     @contextlib.contextmanager
-    def _generation_budget(self, plan: GroupPlan):
-        """Lowers `max_new_tokens` to the largest budget any row of the global batch has left after its prefix.
+    def _generation_budget(self, budget: int):
+        """Lowers `max_new_tokens` to `budget`, the most decode steps any row of the global batch needs.
 
-        Only when every group is seeded does this cut generation time; the bound is global, so every rank (ZeRO-3
-        generation steps in lockstep) generates the same number of steps. vLLM requests get their budgets from
-        `_vllm_request_budgets`; the continuation is truncated to its budget afterwards in every case.
+        The bound is global, so every rank (ZeRO-3 generation steps in lockstep) generates the same number of steps.
+        vLLM requests get their budgets from `_vllm_request_budgets`; the continuation is truncated to its budget
+        afterwards in every case.
         """
-        budget = int(self.max_completion_length - plan.global_prefix_len.min())
         if self.use_vllm or budget >= self.max_completion_length:
             yield
             return
@@ -349,6 +367,29 @@ class SeedGRPOTrainer(GRPOTrainer):
                 yield
         else:
             yield
+
+    @property
+    def _forces_prefixes(self) -> bool:
+        """Whether generation is static HF `generate`, where forcing prefixes saves decode steps and padding."""
+        return not self.use_vllm and not self.use_transformers_continuous_batching
+
+    @contextlib.contextmanager
+    def _forcing(self, forced: list[list[int]]):
+        """Hands `generate` a processor that makes each row emit its `forced` tokens first (see prefix_forcing.py)."""
+        if not any(forced):
+            yield
+            return
+        model = self.accelerator.unwrap_model(self.model_wrapped)  # the object TRL calls `generate` on
+        own = "generate" in vars(model)  # already wrapped on the instance (a user's or a test's spy)
+        original = model.generate
+        model.generate = functools.partial(original, logits_processor=LogitsProcessorList([ForcedPrefix(forced)]))
+        try:
+            yield
+        finally:
+            if own:
+                model.generate = original
+            else:
+                del model.generate
 
     @property
     def _backend_takes_any_rows(self) -> bool:
