@@ -148,12 +148,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def resolve_rewards(specs: list[str]) -> list[tuple[str, callable]]:
     """(name, function) for each spec, resolved as `train.py --reward_funcs` resolves them."""
-    from ..cli import resolve_rewards as resolve
+    from ..rewards import get_reward_funcs
 
     functions = []
     for spec in specs:
         try:
-            functions.extend((spec, f) for f in resolve([spec], embedded=True))
+            functions.extend((spec, f) for f in get_reward_funcs([spec]))
         except (ValueError, ImportError, AttributeError) as error:
             reason = " ".join(str(error).split())
             raise InputError(
