@@ -99,7 +99,8 @@ def _seed_rows(output_dir):
 # Recipes and arguments (in-process)
 
 
-def test_embedded_recipe_matches_the_builtin_defaults():
+def test_embedded_recipe_matches_the_builtin_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output_dir, runs/embedded, may hold the quick start's run
     builtin = parse_args(make_parser(), [])
     recipe = parse_args(make_parser(), ["--config", str(RECIPES / "embedded.yaml")])
     values = yaml.safe_load((RECIPES / "embedded.yaml").read_text())
@@ -111,7 +112,8 @@ def test_embedded_recipe_matches_the_builtin_defaults():
     assert builtin[2].model_name_or_path is None and builtin[0].dataset_name is None
 
 
-def test_flags_override_the_recipe():
+def test_flags_override_the_recipe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output_dir, runs/embedded, may hold the quick start's run
     script_args, training_args, _ = parse_args(
         make_parser(), ["--config", str(RECIPES / "embedded.yaml"), "--seed_fraction", "0.25", "--max_steps", "7"]
     )
