@@ -63,6 +63,20 @@ class _Recorder(SeedGRPOTrainer):
             }
         )
 
+    def _weight_old_tokens(self, inputs, current_logps):
+        before = inputs["advantages"].clone()
+        super()._weight_old_tokens(inputs, current_logps)
+        self.loss_records.append(
+            {
+                "before": before,
+                "after": inputs["advantages"].clone(),
+                "logps": current_logps.clone(),
+                "behaviour": inputs["seed_behaviour_logps"].clone(),
+                "old_tokens": inputs["seed_old_tokens"].bool().clone(),
+                "completion_mask": inputs["completion_mask"].bool().clone(),
+            }
+        )
+
 
 @pytest.fixture(scope="module")
 def replay_run(tmp_path_factory):
@@ -86,11 +100,12 @@ def replay_run(tmp_path_factory):
     trainer = _Recorder(
         model=model, reward_funcs=spy_reward, args=args, train_dataset=c.tiny_prompts(4), processing_class=tokenizer
     )
-    trainer.records = []
+    trainer.records, trainer.loss_records = [], []
     trainer.train()
     return {
         "trainer": trainer,
         "records": trainer.records,
+        "loss_records": trainer.loss_records,
         "rows": _shard_rows(output_dir),
         "generate_rows": generate_rows,
         "rewards": rewards,
@@ -134,29 +149,32 @@ def test_replay_generates_fewer_rows_and_banks_no_duplicates(replay_run):
 
 
 def test_replayed_rows_are_weighted_by_the_truncated_ratio(replay_run):
-    """Advantage of a replayed token = group advantage x min(exp(logp_now - logp_behaviour), clip)."""
+    """Generation leaves every row GRPO's group advantage; the loss scales a replayed token's by
+    min(exp(logp_old - logp_behaviour), clip), logp_old being the training forward's own (detached) log-prob."""
     clip = replay_run["trainer"].args.prefix_is_clip
-    rows = replay_run["rows"]
-    clipped = unclipped = 0
     for record, scores in zip(replay_run["records"], replay_run["rewards"]):
         r = torch.tensor(scores).view(-1, G)  # recomputed group advantages, GRPO's formula
         group_advantage = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).flatten()
         advantages = record["advantages"]
-        if advantages.dim() == 1:  # no replayed row in this batch: TRL's plain per-row advantages
-            advantages = advantages[:, None].expand_as(record["completion_mask"])
+        advantages = advantages[:, None] if advantages.dim() == 1 else advantages
         assert record["tool_mask"] is None or bool(record["tool_mask"].all())  # replayed tokens are all trained
-        for i, origin in enumerate(record["origins"]):
+        for i in range(len(record["origins"])):
             mask = record["completion_mask"][i].bool()
-            if origin is None:  # generated rows keep the plain group advantage on every token
-                assert advantages[i][mask].tolist() == pytest.approx([group_advantage[i].item()] * int(mask.sum()))
-                continue
-            behaviour = torch.tensor(rows[origin]["logprobs"])
-            expected = torch.exp(record["logps"][i] - behaviour).clamp(max=clip) * group_advantage[i]
-            assert advantages[i][mask].tolist() == pytest.approx(expected.tolist(), rel=2e-3, abs=1e-5)
-            ratio = torch.exp(record["logps"][i] - behaviour)
-            clipped += int((ratio > clip + 1e-3).sum())
-            unclipped += int((ratio < clip - 1e-3).sum())
-    assert clipped and unclipped  # the truncation was exercised on both sides
+            row = advantages[i].expand_as(mask)[mask]
+            assert row.tolist() == pytest.approx([group_advantage[i].item()] * int(mask.sum()), rel=1e-5, abs=1e-6)
+    clipped = unclipped = old = 0
+    for record in replay_run["loss_records"]:
+        before = record["before"]
+        before = (before[:, None] if before.dim() == 1 else before).expand_as(record["after"])
+        ratio = torch.exp(record["logps"] - record["behaviour"])
+        weights = torch.where(record["old_tokens"], ratio.clamp(max=clip), torch.ones_like(ratio))
+        mask = record["completion_mask"]
+        assert record["after"][mask].tolist() == pytest.approx((before * weights)[mask].tolist(), rel=1e-5, abs=1e-6)
+        old_ratio = ratio[record["old_tokens"] & mask]
+        old += old_ratio.numel()
+        clipped += int((old_ratio > clip + 1e-3).sum())
+        unclipped += int((old_ratio < clip - 1e-3).sum())
+    assert old and clipped and unclipped  # replayed tokens reached the loss; the truncation acted on both sides
 
 
 def test_replay_leaves_seeds_mode_untouched_when_off(make_trainer):
