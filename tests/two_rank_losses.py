@@ -25,13 +25,18 @@ MODES = {"action": dict(seed_method="seeds", prefix_mode="action"), "replay": di
 def _stand_in_generation(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
     """Continuations drawn from a generator keyed by (step, prompt ids, occurrence): the same on any number of ranks."""
     vocab, eos = len(self.processing_class), self.processing_class.eos_token_id
+    # Like HF `generate`, emit the seed-prefix tokens the trainer forces (mixed batches) before the row's own ones.
+    processors = getattr(self.accelerator.unwrap_model(self.model).generate, "keywords", {}).get("logits_processor")
+    forced = [[t for t in row.tolist() if t >= 0] for row in processors[0].tokens] if processors else None
     seen, completions = {}, []
-    for ids in prompt_ids:
-        occurrence = seen[tuple(ids)] = seen.get(tuple(ids), -1) + 1
-        rng = np.random.default_rng([self.state.global_step, occurrence, *map(int, ids)])
+    for row, ids in enumerate(prompt_ids):
+        prefix = forced[row] if forced else []
+        key = (*map(int, ids), *prefix)  # the whole spliced context, however much of it was forced
+        occurrence = seen[key] = seen.get(key, -1) + 1
+        rng = np.random.default_rng([self.state.global_step, occurrence, *key])
         length = int(rng.integers(2, self.max_completion_length + 1))
         tokens = rng.integers(3, vocab, size=length).tolist()
-        completions.append(tokens[:-1] + [eos] if rng.random() < 0.5 else tokens)
+        completions.append(prefix + (tokens[:-1] + [eos] if rng.random() < 0.5 else tokens))
     return completions, None
 
 
