@@ -291,8 +291,10 @@ def test_program_cannot_write_into_home_or_checkout(where):
     target = (Path.home() if where == "home" else CHECKOUT) / f"ts_trl_pwned_{uuid.uuid4().hex[:12]}"
     program = f"open({str(target)!r}, 'w').write('pwned')\n" + CORRECT_ADD
     try:
-        assert _run(program)[0] == 0.0
-        assert not target.exists()
+        score = _run(program)[0]
+        assert not target.exists()  # nothing reached the host
+        if not str(target).startswith("/tmp/"):  # under /tmp the path is in the program's own private /tmp instead
+            assert score == 0.0
     finally:
         target.unlink(missing_ok=True)
 

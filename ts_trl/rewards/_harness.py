@@ -73,6 +73,10 @@ def _build_root(root, expose, uid, tmp_mb):
     /tmp that is also its working directory, /dev/{null,zero,urandom}, and nothing else (no /proc, no home, no /etc)."""
     _mount(None, "/", flags=MS_REC | MS_PRIVATE)  # nothing done here propagates back to the host
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    # The private /tmp first: a runtime that lives under /tmp (a virtual environment in /tmp/...) is bound on top of it.
+    os.makedirs(root + "/tmp")
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_mb}m{owner}")
     for path in expose:
         if os.path.islink(path):  # /lib -> usr/lib on merged-/usr systems
             os.symlink(os.readlink(path), root + path)
@@ -83,9 +87,6 @@ def _build_root(root, expose, uid, tmp_mb):
     for name in DEVICES:
         open(f"{root}/dev/{name}", "w").close()
         _mount(f"/dev/{name}", f"{root}/dev/{name}", flags=MS_BIND)
-    os.makedirs(root + "/tmp")
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_mb}m{owner}")
     os.chdir(root)
     # pivot_root(".", "."): the old root ends up stacked under the new one and is detached right away.
     _check(_libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
