@@ -19,8 +19,10 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.loopback import LoopbackServer
 
 REPO_TYPES = ("model", "dataset", "space")
 # The client asks for a revision by name or by 40-hex commit id.
@@ -69,7 +71,7 @@ class HubError(Exception):
         self.status, self.message, self.code, self.headers, self.extra = status, message, code, headers or {}, extra
 
 
-class LocalHub:
+class LocalHub(LoopbackServer):
     """The server's state and its fault-injection switches; thread-safe."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
@@ -84,25 +86,12 @@ class LocalHub:
         self._failure_match: str | None = None
         self._stall_until = 0.0
         self._lock = threading.RLock()
-        self._server = ThreadingHTTPServer((host, port), _make_handler(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        super().__init__(_make_handler(self), host, port, name="local-hub")
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> LocalHub:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="local-hub", daemon=True)
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
         self.heal()
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
 
     # -- fault injection -------------------------------------------------------------------------------------
     def fail_next(self, count: int, status: int = 500, path_contains: str | None = None) -> None:

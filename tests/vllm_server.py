@@ -24,9 +24,11 @@ import hashlib
 import json
 import random
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 from urllib.parse import urlsplit
+
+from tests.loopback import LoopbackServer
 
 EOS_PROBABILITY = 0.1  # per generated token: some completions stop early, so lengths vary within a group
 
@@ -62,7 +64,7 @@ def context_error(prompt_len: int, max_tokens: int, max_model_len: int) -> str |
     )
 
 
-class LocalVLLMServer:
+class LocalVLLMServer(LoopbackServer):
     """A `trl vllm-serve` stand-in on a local port; thread-safe. Point `vllm_server_base_url` at `endpoint`."""
 
     def __init__(self, token_ids: range, eos_token_id: int, max_model_len: int, model: str = "tiny-local"):
@@ -80,23 +82,7 @@ class LocalVLLMServer:
         self.refused: list[str] = []  # error messages of refused requests
         self.unknown: list[tuple[str, str]] = []  # requests no route matched: the client needs an endpoint we lack
         self._lock = threading.RLock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> LocalVLLMServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="local-vllm", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(_make_handler(self), name="local-vllm")
 
     def paths(self) -> list[str]:
         with self._lock:
