@@ -70,7 +70,14 @@ def make_trainer(tmp_path, tokenizer):
     """Builds a SeedGRPOTrainer (or any GRPOTrainer subclass) on the tiny model with small, fast settings."""
     from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 
-    def make(trainer_cls=SeedGRPOTrainer, config_cls=SeedGRPOConfig, dataset=None, reward=count_reward, **overrides):
+    def make(
+        trainer_cls=SeedGRPOTrainer,
+        config_cls=SeedGRPOConfig,
+        dataset=None,
+        reward=count_reward,
+        eval_dataset=None,
+        **overrides,
+    ):
         settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run")}
         settings.update(overrides)
         known = {f.name for f in dataclasses.fields(config_cls)}
@@ -80,6 +87,7 @@ def make_trainer(tmp_path, tokenizer):
             reward_funcs=reward,
             args=args,
             train_dataset=dataset if dataset is not None else tiny_prompts(),
+            eval_dataset=eval_dataset,
             processing_class=tokenizer,
         )
 

@@ -45,6 +45,29 @@ def test_every_save_strategy_seeds(make_trainer, settings):
     assert _seeded_share(trainer) > 0
 
 
+def test_save_strategy_best_seeds_before_every_checkpoint_it_keeps(make_trainer):
+    """`best` decides to save only after an evaluation, later in the step than `steps` does: still a shard first."""
+    trainer = make_trainer(
+        dataset=tiny_prompts(2),
+        eval_dataset=tiny_prompts(2),
+        save_strategy="best",
+        metric_for_best_model="reward",
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=8,
+        max_steps=4,
+    )
+    trainer.train()
+    output_dir = Path(trainer.args.output_dir)
+    checkpoints = sorted(output_dir.glob("checkpoint-*"))
+    assert checkpoints, "save_strategy='best' saved no checkpoint"  # the first evaluation is always the best so far
+    steps = {s["step"] for s in json.loads((output_dir / "seeds" / "manifest.json").read_text())["shards"]}
+    for checkpoint in checkpoints:
+        pointer = json.loads((checkpoint / "seed_snapshot.json").read_text())
+        assert pointer["step"] in steps and pointer["shards"][-1]["step"] == pointer["step"] and pointer["rows"] > 0
+    assert _seeded_share(trainer) > 0  # the step-1 checkpoint's shard made its prompts' seeds eligible
+
+
 def test_save_strategy_no_without_a_shard_cadence_is_refused(tmp_path):
     with pytest.raises(ValueError, match="seed_snapshot_steps"):
         SeedGRPOConfig(str(tmp_path), save_strategy="no", use_cpu=True, report_to=[])

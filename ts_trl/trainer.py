@@ -46,6 +46,7 @@ from trl import GRPOTrainer
 from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
+from .collectives import pause_backend_threads_at_exit
 from .config import SeedGRPOConfig
 from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
@@ -148,6 +149,8 @@ class SeedGRPOTrainer(GRPOTrainer):
             sampling=sampling_settings(args, self.use_vllm),
         )
         self.seed_store.checkpoint_state = self.planner.state
+        if self.accelerator.num_processes > 1:
+            pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._plan: GroupPlan | None = None
         self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
         self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step

@@ -1,0 +1,24 @@
+"""Trains the tiny model on two ranks and leaves through a normal interpreter exit (tests/test_clean_exit.py).
+
+python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_exit.py OUTPUT_DIR [PREFIX_MODE]
+"""
+
+import sys
+
+from tests.conftest import TINY_SETTINGS, count_reward, tiny_prompts
+from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+if __name__ == "__main__":
+    output_dir, prefix_mode = sys.argv[1], (sys.argv[2:] or ["state"])[0]
+    settings = {**TINY_SETTINGS, "per_device_train_batch_size": 4, "output_dir": output_dir, "disable_tqdm": True}
+    tokenizer = build_tokenizer()
+    trainer = SeedGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=count_reward,
+        args=SeedGRPOConfig(**{**settings, "seed_fraction": 0.5, "prefix_mode": prefix_mode}),
+        train_dataset=tiny_prompts(),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    print(f"rank {trainer.accelerator.process_index} finished training", flush=True)
