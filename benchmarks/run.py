@@ -1,6 +1,6 @@
 """Benchmarks of ts_trl: step time against TRL's GRPOTrainer, the seed bank at scale, reward throughput.
 
-    python benchmarks/run.py            # full run (about 10 minutes on 2 cores); writes benchmarks/results/latest.*
+    python benchmarks/run.py            # full run (135 s on 2 quiet cores); writes benchmarks/results/latest.*
     python benchmarks/run.py --quick    # CI-sized (under 3 minutes); writes to a temporary folder unless --out
 
 Every comparison is a ratio measured in the same run (step times: per-round ratios of interleaved steps). Absolute

@@ -1,10 +1,12 @@
-"""Where a compare run's time goes on a busy machine: s/step at 1 vs 2 torch threads, one held-out evaluation, warm-up.
+"""Where a compare run's time goes: s/step at 1 vs 2 torch threads, one held-out evaluation, warm-up.
 
-Usage: python experiments/timing.py  (prints one JSON line per measurement, with the load average)
+Usage: python experiments/timing.py [THREADS ...]  (default 1 2 1 2; prints one JSON line per measurement, with the
+load average). Two copies started together with `1` show what `compare --jobs 2` pays per run.
 """
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -14,20 +16,20 @@ def main():
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from ts_trl.analysis.compare import FULL, LEARNING_RATE
+    from ts_trl.analysis.compare import DIFFICULTY, FULL, LEARNING_RATE, MIN_DIFFICULTY
     from ts_trl.config import SeedGRPOConfig
     from ts_trl.embedded import EmbeddedTask, build_warm_model, embedded_reward, sample_rewards
     from ts_trl.embedded.warmup import _batch
     from ts_trl.trainer import SeedGRPOTrainer
 
-    task = EmbeddedTask(difficulty=3, min_difficulty=1)
+    task = EmbeddedTask(difficulty=DIFFICULTY, min_difficulty=MIN_DIFFICULTY)
     train, held = task.make_splits(FULL.n_train, FULL.n_eval)
-    for threads in (1, 2, 1, 2):
+    for threads in [int(t) for t in sys.argv[1:]] or (1, 2, 1, 2):
         torch.set_num_threads(threads)
         model, tok = build_warm_model(task, steps=FULL.warmup_steps, progress=False)
         config = SeedGRPOConfig(
             output_dir="/tmp/timing-run", per_device_train_batch_size=FULL.prompts_per_step * FULL.num_generations,
-            num_generations=FULL.num_generations, max_completion_length=FULL.max_completion_length, max_steps=6,
+            num_generations=FULL.num_generations, max_completion_length=FULL.max_completion_length, max_steps=11,
             learning_rate=LEARNING_RATE, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
             disable_tqdm=True, seed_method="none", beta=0.0,
         )  # fmt: skip
