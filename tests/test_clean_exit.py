@@ -5,7 +5,9 @@ freeing the gather's tensors, which needs the GIL. A rank that left `train()` at
 finalization first; the worker then died taking the GIL inside a C++ destructor ("terminate called without an active
 exception", SIGABRT). Without `ts_trl.collectives.pause_backend_threads_at_exit` that was 6 aborted runs out of 62
 with 2 CPU processes; with it, 0 of 30. The race cannot be forced, so the test repeats complete 2-rank runs, each a
-fresh pair of interpreters.
+fresh pair of interpreters. Scripts that end with `trainer.end()` (`ts_trl train` does) destroy the process group
+first, but DDP keeps gloo's threads alive: the pause once skipped them and CI caught an abort there (1 in 20 runs
+of `two_rank_exit.py --end` before the fix).
 """
 
 import os
@@ -25,7 +27,7 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _two_rank_runs(tmp_path, repeats: int, prefix_mode: str = "state") -> None:
+def _two_rank_runs(tmp_path, repeats: int, prefix_mode: str = "state", end: bool = False) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     env.update(TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env.pop("ACCELERATE_USE_CPU", None)
@@ -41,6 +43,7 @@ def _two_rank_runs(tmp_path, repeats: int, prefix_mode: str = "state") -> None:
             _free_port(),
         ]
         command += [str(ROOT / "tests" / "two_rank_exit.py"), str(tmp_path / f"run{attempt}"), prefix_mode]
+        command += ["--end"] if end else []
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
         output = result.stdout + result.stderr
         assert "rank 0 finished training" in output and "rank 1 finished training" in output, output[-3000:]
@@ -49,9 +52,29 @@ def _two_rank_runs(tmp_path, repeats: int, prefix_mode: str = "state") -> None:
     assert not failures, f"{len(failures)} of {repeats} complete runs failed at exit:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("prefix_mode", ["state", "action"])
-def test_finished_two_rank_runs_exit_zero_on_every_rank(tmp_path, prefix_mode):
-    _two_rank_runs(tmp_path, repeats=8, prefix_mode=prefix_mode)  # 16 runs in all: a 1-in-10 abort fails 4 in 5
+@pytest.mark.parametrize("prefix_mode, end", [("state", False), ("action", False), ("state", True)])
+def test_finished_two_rank_runs_exit_zero_on_every_rank(tmp_path, prefix_mode, end):
+    _two_rank_runs(tmp_path, repeats=6, prefix_mode=prefix_mode, end=end)  # 18 runs: a 1-in-10 abort fails 5 in 6
+
+
+def test_the_exit_pause_outlives_a_destroyed_process_group(tmp_path):
+    """`trainer.end()` destroys the group, not gloo's threads (DDP holds them): the exit handler must still pause."""
+    script = f"""
+import time, torch.distributed as dist
+from ts_trl import collectives
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+collectives.pause_backend_threads_at_exit()
+dist.destroy_process_group()
+start = time.perf_counter()
+collectives._pause_for_backend_threads()
+print("paused", time.perf_counter() - start)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from ts_trl.collectives import EXIT_PAUSE_S
+
+    assert float(result.stdout.split("paused")[-1]) >= EXIT_PAUSE_S
 
 
 @pytest.mark.slow

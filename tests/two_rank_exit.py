@@ -1,6 +1,9 @@
 """Trains the tiny model on two ranks and leaves through a normal interpreter exit (tests/test_clean_exit.py).
 
-python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_exit.py OUTPUT_DIR [PREFIX_MODE]
+python -m torch.distributed.run --nproc_per_node 2 tests/two_rank_exit.py OUTPUT_DIR [PREFIX_MODE] [--end]
+
+With `--end` the script finishes as `ts_trl train` and the transformers docs do: `trainer.end()` destroys the process
+group (DDP still holds its backend and worker threads) before the interpreter exits.
 """
 
 import sys
@@ -10,7 +13,8 @@ from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.tiny import build_tiny_model, build_tokenizer
 
 if __name__ == "__main__":
-    output_dir, prefix_mode = sys.argv[1], (sys.argv[2:] or ["state"])[0]
+    arguments = [a for a in sys.argv[1:] if a != "--end"]
+    output_dir, prefix_mode = arguments[0], (arguments[1:] or ["state"])[0]
     settings = {**TINY_SETTINGS, "per_device_train_batch_size": 4, "output_dir": output_dir, "disable_tqdm": True}
     tokenizer = build_tokenizer()
     trainer = SeedGRPOTrainer(
@@ -22,3 +26,5 @@ if __name__ == "__main__":
     )
     trainer.train()
     print(f"rank {trainer.accelerator.process_index} finished training", flush=True)
+    if "--end" in sys.argv:
+        trainer.end()
