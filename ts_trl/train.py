@@ -43,6 +43,7 @@ EMBEDDED_DEFAULTS = {
     "max_completion_length": 32,  # the longest solution is 26 characters and EOS
     "temperature": 1.0,
     "beta": 0.0,
+    "activation_checkpointing": False,  # the tiny model fits easily; recomputing its forward pass only costs time
     "max_steps": 200,
     "save_steps": 20,
     "logging_steps": 5,

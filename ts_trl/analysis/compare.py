@@ -45,6 +45,7 @@ BASELINE = "none"
 PASS_K = 8
 COVERAGE_CUT = 0.5  # states are the first half (in tokens) of the warm model's rollouts
 BOOTSTRAP_SAMPLES = 2000
+PRECISION = "float32"  # saved runs without this key trained under bf16 autocast: not reused
 
 
 @dataclass
@@ -153,7 +154,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tokenizer.save_pretrained(out / "warm")
     _write_probe(warm_model, tokenizer, train_set, budget, out / "probe.json")
 
-    settings = {"budget": asdict(budget), **{k: v for k, v in vars(args).items() if k != "methods"}}
+    settings = {
+        "budget": asdict(budget),
+        "precision": PRECISION,
+        **{k: v for k, v in vars(args).items() if k != "methods"},
+    }
     # Seed-major order, so that the runs finished at any moment are complete pairs; each job's output is saved as it
     # ends, and a rerun with the same settings reuses it (an interrupted comparison resumes where it stopped).
     jobs = []
@@ -368,6 +373,11 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         save_strategy="no",
         report_to=[],
         use_cpu=True,
+        # float32, as the embedded default trains: GRPOConfig's bf16 default means autocast on CPU, which this
+        # machine's cores emulate (2.5x slower per step), and the tiny model needs no activation checkpointing
+        # (it recomputes the forward pass for nothing; the result is bit-identical without it).
+        bf16=False,
+        activation_checkpointing=False,
         seed=seed,
         disable_tqdm=True,
         seed_fraction=args.seed_fraction,
