@@ -31,7 +31,7 @@ def main():
             output_dir="/tmp/timing-run", per_device_train_batch_size=FULL.prompts_per_step * FULL.num_generations,
             num_generations=FULL.num_generations, max_completion_length=FULL.max_completion_length, max_steps=11,
             learning_rate=LEARNING_RATE, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-            disable_tqdm=True, seed_method="none", beta=0.0,
+            disable_tqdm=True, seed_method="none", beta=0.0, bf16=False, activation_checkpointing=False,
         )  # fmt: skip
         trainer = SeedGRPOTrainer(model=model, reward_funcs=embedded_reward, args=config, train_dataset=train,
                                   processing_class=tok)  # fmt: skip

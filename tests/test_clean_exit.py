@@ -62,7 +62,7 @@ def test_the_exit_pause_outlives_a_destroyed_process_group(tmp_path):
     script = f"""
 import time, torch.distributed as dist
 from ts_trl import collectives
-dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+dist.init_process_group("gloo", init_method="file://{tmp_path / "rendezvous"}", rank=0, world_size=1)
 collectives.pause_backend_threads_at_exit()
 dist.destroy_process_group()
 start = time.perf_counter()

@@ -617,3 +617,30 @@ def test_compare_rejects_bad_budget(capsys):
     assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."
     assert main(["compare", "--steps", "4", "--n-train", "256"]) == 2  # 4 x 32 prompts never come back: no seeds
     assert "never brings a training prompt back" in capsys.readouterr().err
+
+
+def test_the_papers_pairwise_claims_are_paired_directly_and_printed(tmp_path):
+    """seeds-state against seeds-action (and replay) uses the same paired bootstrap, with the other as the baseline."""
+    from types import SimpleNamespace
+
+    from ts_trl.analysis.compare import FULL, format_table, paired_differences
+
+    rows = []
+    for s in range(2):
+        rows += _prompt_rows("none", s, [(0, 0, [1, 2, 3]), (4, 500, [2, 3, 4])])
+        rows += _prompt_rows("seeds-action", s, [(0, 0, [1, 2, 3]), (4, 400, [1, 2, 3])])
+        rows += _prompt_rows("seeds-state", s, [(0, 0, [1, 2, 3]), (4, 400, [3, 4, 5])])
+    rows = _through_csv(tmp_path, rows)
+    claims = paired_differences(rows, baseline="seeds-action", methods=["seeds-state"])
+    d = next(d for d in claims if (d["metric"], d["at_equal"]) == ("pass@1", "steps"))
+    assert d["baseline"] == "seeds-action" and d["method"] == "seeds-state"
+    assert d["difference"] == d["ci_low"] == d["ci_high"] == pytest.approx(2 / 8) and d["significant"]
+    # Against none instead, seeds-state is 1/8 ahead: the baseline really changes what is subtracted.
+    vs_none = paired_differences(rows, methods=["seeds-state"])
+    assert next(d for d in vs_none if d["at_equal"] == "steps")["difference"] == pytest.approx(1 / 8)
+    summary = [{"method": "none", "pass_at_1_mean": 0.3, "gain_mean": 0.1, "k": 8, "runs": 2, "pass_at_1_std": 0.0,
+                "pass_at_k_mean": 0.5, "coverage_mean": 0.5, "generated_tokens": 500, "reused_tokens": 0,
+                "wall_s": 1.0}]  # fmt: skip
+    args = SimpleNamespace(min_difficulty=1, difficulty=2, jobs=1)
+    table = format_table(summary, vs_none, FULL, args, 60.0, claims)
+    assert "| seeds-state | seeds-action | pass@1 | +0.250 [+0.250, +0.250] * |" in table

@@ -45,6 +45,8 @@ BASELINE = "none"
 PASS_K = 8
 COVERAGE_CUT = 0.5  # states are the first half (in tokens) of the warm model's rollouts
 BOOTSTRAP_SAMPLES = 2000
+# The paper's claims that do not involve on-policy GRPO, compared directly: (method, against).
+PAPER_CLAIMS = [("seeds-state", "seeds-action"), ("seeds-state", "replay")]
 PRECISION = "float32"  # saved runs without this key trained under bf16 autocast: not reused
 
 
@@ -67,7 +69,7 @@ class Budget:
 
 # The embedded default's task and training settings (ts_trl/train.py EMBEDDED_DEFAULTS): same warm-up (hence the same
 # cache), 32 groups of 8 per step, the same training prompts and learning rate. Held-out: 8 samples for pass@8.
-FULL = Budget(200, 1024, 128, 32, 8, 32, 8, 40, 600, 5, 64)
+FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
 DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
 
@@ -221,8 +223,16 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
     write_csv(paths["compare.csv"], results)
     write_csv(paths["curves.csv"], curves)
     write_csv(paths["prompts.csv"], prompts)
-    differences = paired_differences(read_csv(paths["prompts.csv"]))
-    table = format_table(summarize(results), differences, budget, args, elapsed)
+    rows = read_csv(paths["prompts.csv"])
+    differences = paired_differences(rows)
+    present = {r["method"] for r in results}
+    claims = [
+        d
+        for method, baseline in PAPER_CLAIMS
+        if {method, baseline} <= present
+        for d in paired_differences(rows, baseline=baseline, methods=[method])
+    ]
+    table = format_table(summarize(results), differences, budget, args, elapsed, claims)
     if partial:
         table = f"PARTIAL: {len(results)} of {len(args.methods) * budget.num_seeds} runs finished.\n\n{table}"
     paths["compare.md"].write_text(table + "\n")
@@ -496,14 +506,17 @@ def interpolate_at_tokens(points: list[tuple[float, np.ndarray]], budget: float)
     return np.array([np.interp(budget, tokens, values[:, j]) for j in range(values.shape[1])])
 
 
-def paired_differences(rows: list[dict], k_values=(1, PASS_K)) -> list[dict]:
-    """Per method and pass@k: the paired difference against `none` at equal steps and at equal generated tokens.
+def paired_differences(
+    rows: list[dict], k_values=(1, PASS_K), baseline: str = BASELINE, methods: list[str] | None = None
+) -> list[dict]:
+    """Per method and pass@k: the paired difference against `baseline` at equal steps and at equal generated tokens.
 
     `rows` are `prompts.csv` rows (method, seed, step, prompt, passes, samples, generated_tokens). Equal steps: the
-    last evaluated step. Equal tokens: the smallest final generated-token count over all runs, where every run's
-    per-prompt curve is interpolated.
+    last evaluated step. Equal tokens: the smallest final generated-token count over all runs (of every method in
+    `rows`, whatever the baseline), where every run's per-prompt curve is interpolated. `methods`: the methods to
+    compare with the baseline (default: all).
     """
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods = methods or list(dict.fromkeys(r["method"] for r in rows))
     runs = sorted({(r["method"], int(r["seed"])) for r in rows})
     last = max(int(r["step"]) for r in rows)
     samples = min(int(r["samples"]) for r in rows)
@@ -515,16 +528,17 @@ def paired_differences(rows: list[dict], k_values=(1, PASS_K)) -> list[dict]:
         at_tokens = {key: interpolate_at_tokens(points, budget) for key, points in curve.items()}
         for method in methods:
             # Only RNG seeds that both this method and the baseline have finished are paired.
-            seeds = [s for m, s in runs if m == method and (BASELINE, s) in curve]
-            if method == BASELINE or not seeds:
+            seeds = [s for m, s in runs if m == method and (baseline, s) in curve]
+            if method == baseline or not seeds:
                 continue
-            steps = np.stack([rates[(method, s, last)][1] - rates[(BASELINE, s, last)][1] for s in seeds])
-            tokens = np.stack([at_tokens[(method, s)] - at_tokens[(BASELINE, s)] for s in seeds])
+            steps = np.stack([rates[(method, s, last)][1] - rates[(baseline, s, last)][1] for s in seeds])
+            tokens = np.stack([at_tokens[(method, s)] - at_tokens[(baseline, s)] for s in seeds])
             for basis, matrix in (("steps", steps), ("tokens", tokens)):
                 mean, low, high = paired_bootstrap_ci(matrix)
                 out.append(
                     {
                         "method": method,
+                        "baseline": baseline,
                         "metric": f"pass@{k}",
                         "at_equal": basis,
                         "budget": last if basis == "steps" else budget,
@@ -569,7 +583,14 @@ def summarize(results: list[dict]) -> list[dict]:
     return summary
 
 
-def format_table(summary: list[dict], differences: list[dict], budget: Budget, args, total_s: float) -> str:
+def _difference_cells(d: dict) -> str:
+    star = " *" if d["significant"] else ""
+    return f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{star}"
+
+
+def format_table(
+    summary: list[dict], differences: list[dict], budget: Budget, args, total_s: float, claims: list[dict] = ()
+) -> str:
     import os
 
     start = summary[0]["pass_at_1_mean"] - summary[0]["gain_mean"]
@@ -604,14 +625,36 @@ def format_table(summary: list[dict], differences: list[dict], budget: Budget, a
         ]
         for method in (s["method"] for s in summary if any(d["method"] == s["method"] for d in differences)):
             for metric in dict.fromkeys(d["metric"] for d in differences):
-                cells = []
-                for basis in ("steps", "tokens"):
-                    d = next(
-                        d for d in differences if (d["method"], d["metric"], d["at_equal"]) == (method, metric, basis)
+                cells = [
+                    _difference_cells(
+                        next(
+                            d for d in differences if (d["method"], d["metric"], d["at_equal"]) == (method, metric, b)
+                        )
                     )
-                    star = " *" if d["significant"] else ""
-                    cells.append(f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{star}")
+                    for b in ("steps", "tokens")
+                ]
                 lines.append(f"| {method} | {metric} | {cells[0]} | {cells[1]} |")
+    if claims:
+        lines += [
+            "",
+            "The paper's other claims, paired directly (same CI; equal tokens at the same budget as above):",
+            "",
+            "| method | against | metric | at equal steps | at equal generated tokens |",
+            "|---|---|---|---|---|",
+        ]
+        pairs = dict.fromkeys((d["method"], d["baseline"], d["metric"]) for d in claims)
+        for method, baseline, metric in pairs:
+            cells = [
+                _difference_cells(
+                    next(
+                        d
+                        for d in claims
+                        if (d["method"], d["baseline"], d["metric"], d["at_equal"]) == (method, baseline, metric, b)
+                    )
+                )
+                for b in ("steps", "tokens")
+            ]
+            lines.append(f"| {method} | {baseline} | {metric} | {cells[0]} | {cells[1]} |")
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     lines += [
         "",
