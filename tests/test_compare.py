@@ -644,3 +644,35 @@ def test_the_papers_pairwise_claims_are_paired_directly_and_printed(tmp_path):
     args = SimpleNamespace(min_difficulty=1, difficulty=2, jobs=1)
     table = format_table(summary, vs_none, FULL, args, 60.0, claims)
     assert "| seeds-state | seeds-action | pass@1 | +0.250 [+0.250, +0.250] * |" in table
+
+
+def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
+    """`ts_trl compare --quick` itself, unshrunk: 4 methods x 2 RNG seeds x 40 steps, within its 10-minute budget.
+
+    The warm-up comes from `$TS_TRL_CACHE` when set (`.ci/run` sets it, and its main job has filled it), else from a
+    fresh cache in `tmp_path` (about 30 s more).
+    """
+    import csv
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.setdefault("TS_TRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "quick"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ts_trl", "compare", "--quick", "--output-dir", str(out)],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    minutes = (time.monotonic() - started) / 60
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert minutes <= 10, f"compare --quick took {minutes:.1f} min, over its 10-minute budget"
+    runs = list(csv.DictReader(open(out / "compare.csv")))
+    methods = ("none", "replay", "seeds-action", "seeds-state")
+    assert sorted((r["method"], r["seed"]) for r in runs) == sorted((m, s) for m in methods for s in ("0", "1"))
+    assert all(int(r["steps"]) == 40 for r in runs)
+    seeded = [r for r in runs if r["method"].startswith("seeds")]
+    assert all(int(r["reused_tokens"]) > 0 for r in seeded), "seeded runs reused no prefix tokens"
+    assert "Paired differences against `none`" in done.stdout and "paired directly" in done.stdout
