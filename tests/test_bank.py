@@ -44,6 +44,31 @@ def test_selection_strategies():
     assert drawn == {"a0", "a1"}
 
 
+def test_draws_are_uniform_over_the_eligible_rollouts_however_few_they_are():
+    """`sample` draws by rejection first and looks at every candidate only when that fails: both paths together must
+    still give each eligible rollout the same chance, and never an ineligible one."""
+    bank = SeedBank()
+    for i in range(200):  # prompt "rare": 3 eligible of 200 (rejection mostly fails; the exhaustive path decides)
+        bank.add(f"r{i}", "rare", [1, 2, 3], [-0.1] * 3, reward=float(i % 2), step=0 if i % 67 == 0 else 9)
+    for i in range(4):  # prompt "common": all 4 eligible (rejection always succeeds); two succeeded
+        bank.add(f"c{i}", "common", [1, 2], [-0.1] * 2, reward=float(i < 2), step=0)
+    bank.mark_snapshotted()
+    rng = np.random.default_rng(0)
+    counts = {}
+    for _ in range(1200):
+        for seed in bank.sample(["rare", "common", "unknown"], 5, rng):
+            if seed is not None:
+                counts[seed.rollout_id] = counts.get(seed.rollout_id, 0) + 1
+    assert set(counts) == {"r0", "r67", "r134", "c0", "c1", "c2", "c3"}
+    for names, expected in ((("r0", "r67", "r134"), 400), (("c0", "c1", "c2", "c3"), 300)):
+        for name in names:  # binomial sd is about 17; 5 sd
+            assert abs(counts[name] - expected) < 85, (name, counts[name])
+    successes = {bank.sample(["common"], 5, rng, "success")[0].rollout_id for _ in range(100)}
+    assert successes == {"c0", "c1"}
+    failures = {bank.sample(["rare"], 5, rng, "failure")[0].rollout_id for _ in range(100)}
+    assert failures == {"r0", "r134"}  # the eligible rollouts of "rare" with reward 0 (r67's is 1)
+
+
 def test_seed_holds_ids_and_logprobs():
     seed = _bank().lookup("a1")
     assert seed.completion_ids.tolist() == [4, 5, 6, 7]

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
+REJECTION_ROUNDS = 4  # draws per prompt before `SeedBank.sample` looks at all of its candidates
 EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
@@ -230,8 +231,9 @@ class SeedBank:
         self._reward = _Column(np.float32)
         self._prompt = _Column(np.int32)
         # Prompts, one entry each (not per rollout), and the rollouts grouped by prompt: `_by_prompt[_starts[p]:
-        # _starts[p + 1]]` are the indices of prompt p's rollouts, so `sample` costs time in the asked prompts'
-        # rollouts, not in the bank's size. Rollouts added since the last `_index_prompts` are appended on demand.
+        # _starts[p + 1]]` are the indices of prompt p's rollouts, so `sample` can draw one of them in O(1) and costs
+        # time in the asked prompts, not in the bank's size. Rollouts added since the last `_index_prompts` are
+        # appended on demand.
         self._prompt_code: dict[str, int] = {}
         self._prompt_names: list[str] = []
         self._by_prompt = np.zeros(0, dtype=np.int32)
@@ -534,35 +536,73 @@ class SeedBank:
         """
         if selection not in SEED_SELECTIONS:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
-        # Vectorised over the candidates of all prompts at once. Cost: linear in the rollouts of the asked prompts.
-        indices, group = self._rows_of(prompt_ids)
-        keep = self._eligible(indices, step, min_age, snapshot_only)
         wants = [selection] * len(prompt_ids)
         if selection == "passrate":
             rates = pass_rates or {}
             wants = [
                 "uniform" if rates.get(p) is None else ("success" if rates[p] < 0.5 else "failure") for p in prompt_ids
             ]
-        if "success" in wants or "failure" in wants:
-            want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)[group]
-            success = self._reward.values[indices] > self.success_threshold
-            keep &= np.where(want == SEED_SELECTIONS.index("success"), success, True)
-            keep &= np.where(want == SEED_SELECTIONS.index("failure"), ~success, True)
+        want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)
+        chosen = np.full(len(prompt_ids), -1, dtype=np.int64)
+        # First by rejection: draw one of each prompt's rollouts uniformly and keep it if it is eligible. Accepted
+        # draws are uniform among the eligible rollouts, and the cost is a few reads per prompt wherever the bank's
+        # rollouts are, not one per candidate: flat in the bank's size. `oldest` needs every candidate.
+        self._index_prompts()
+        codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
+        if not (codes >= 0).any():
+            return [None] * len(prompt_ids)
+        starts = self._starts[codes.clip(0)]
+        counts = np.where(codes >= 0, self._starts[codes.clip(0) + 1] - starts, 0)
+        pending = np.flatnonzero((counts > 0) & (want != SEED_SELECTIONS.index("oldest")))
+        for _ in range(REJECTION_ROUNDS):
+            if not pending.size:
+                break
+            drawn = self._by_prompt[starts[pending] + rng.integers(counts[pending])].astype(np.int64)
+            accept = self._eligible(drawn, step, min_age, snapshot_only) & self._wanted(drawn, want[pending])
+            chosen[pending[accept]] = drawn[accept]
+            pending = pending[~accept]
+        # Then exactly, over every candidate: prompts with few eligible rollouts, none, or `oldest`.
+        rest = np.flatnonzero((chosen < 0) & (counts > 0))
+        if rest.size:
+            chosen[rest] = self._sample_exhaustive([prompt_ids[r] for r in rest], want[rest], step, rng, min_age,
+                                                   snapshot_only)  # fmt: skip
+        seeds: list[Seed | None] = [None] * len(prompt_ids)
+        found = np.flatnonzero(chosen >= 0)
+        for position, seed in zip(found.tolist(), self._get_many(chosen[found])):
+            seeds[position] = seed
+        return seeds
+
+    def _wanted(self, indices: np.ndarray, want: np.ndarray) -> np.ndarray:
+        """Whether each rollout has the outcome its prompt's selection asks for (`success`/`failure`; else any)."""
+        if not ((want == SEED_SELECTIONS.index("success")) | (want == SEED_SELECTIONS.index("failure"))).any():
+            return np.ones(len(indices), dtype=bool)
+        success = self._reward.values[indices] > self.success_threshold
+        return np.where(
+            want == SEED_SELECTIONS.index("success"),
+            success,
+            np.where(want == SEED_SELECTIONS.index("failure"), ~success, True),
+        )
+
+    def _sample_exhaustive(
+        self, prompt_ids: Sequence[str], want: np.ndarray, step: int, rng: np.random.Generator, min_age: int,
+        snapshot_only: bool,
+    ) -> np.ndarray:  # fmt: skip
+        """One eligible rollout per prompt (-1 where none), looking at every candidate. Linear in their number."""
+        indices, group = self._rows_of(prompt_ids)
+        keep = self._eligible(indices, step, min_age, snapshot_only) & self._wanted(indices, want[group])
         kept = np.flatnonzero(keep)  # positions in `indices`, still grouped by prompt
         kept_counts = np.bincount(group[kept], minlength=len(prompt_ids))
         has_seed = kept_counts > 0
         starts, sizes = (np.cumsum(kept_counts) - kept_counts)[has_seed], kept_counts[has_seed]
         picks = starts + rng.integers(sizes)  # uniform among each prompt's kept candidates
-        oldest = np.array([w == "oldest" for w in wants], dtype=bool)[has_seed]
+        oldest = (want == SEED_SELECTIONS.index("oldest"))[has_seed]
         if oldest.any():
             kept_steps = self._step.values[indices[kept]]
             for j in np.flatnonzero(oldest):  # argmin: the first of the oldest
                 picks[j] = starts[j] + np.argmin(kept_steps[starts[j] : starts[j] + sizes[j]])
-        chosen = indices[kept[picks]]
-        seeds: list[Seed | None] = [None] * len(prompt_ids)
-        for position, seed in zip(np.flatnonzero(has_seed).tolist(), self._get_many(chosen)):
-            seeds[position] = seed
-        return seeds
+        chosen = np.full(len(prompt_ids), -1, dtype=np.int64)
+        chosen[has_seed] = indices[kept[picks]]
+        return chosen
 
     def _get_many(self, indices: np.ndarray) -> list[Seed]:
         """The seeds at `indices` (their token arrays are views into the bank's chunks)."""
