@@ -491,16 +491,20 @@ class SeedBank:
         self._starts[1:] += np.cumsum(np.bincount(codes, minlength=num_prompts))
         self._prompt_indexed = last
 
-    def _rows_of(self, prompt_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The indices of the rollouts of each prompt, concatenated, and the position of their prompt in the list."""
+    def _prompt_ranges(self, prompt_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Where each prompt's rollouts start in `_by_prompt`, and how many there are (0 for an unknown prompt)."""
         self._index_prompts()
         codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
         known = codes >= 0
         if not known.any():
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            return np.zeros(len(codes), dtype=np.int64), np.zeros(len(codes), dtype=np.int64)
         starts = np.where(known, self._starts[codes.clip(0)], 0)
         counts = np.where(known, self._starts[codes.clip(0) + 1] - starts, 0)
-        group = np.repeat(np.arange(len(codes)), counts)
+        return starts, counts
+
+    def _rows_of(self, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The indices of the rollouts in each range of `_by_prompt`, concatenated, and the position of their range."""
+        group = np.repeat(np.arange(len(counts)), counts)
         within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         return self._by_prompt[starts[group] + within].astype(np.int64), group
 
@@ -509,7 +513,7 @@ class SeedBank:
 
     def eligible(self, prompt_id: str, step: int, min_age: int, snapshot_only: bool = True) -> np.ndarray:
         """Indices of the rollouts of `prompt_id` that may seed a group at `step`."""
-        indices, _ = self._rows_of([prompt_id])
+        indices, _ = self._rows_of(*self._prompt_ranges([prompt_id]))
         return indices[self._eligible(indices, step, min_age, snapshot_only)]
 
     def _eligible(self, indices: np.ndarray, step: int, min_age: int, snapshot_only: bool) -> np.ndarray:
@@ -547,12 +551,7 @@ class SeedBank:
         # First by rejection: draw one of each prompt's rollouts uniformly and keep it if it is eligible. Accepted
         # draws are uniform among the eligible rollouts, and the cost is a few reads per prompt wherever the bank's
         # rollouts are, not one per candidate: flat in the bank's size. `oldest` needs every candidate.
-        self._index_prompts()
-        codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
-        if not (codes >= 0).any():
-            return [None] * len(prompt_ids)
-        starts = self._starts[codes.clip(0)]
-        counts = np.where(codes >= 0, self._starts[codes.clip(0) + 1] - starts, 0)
+        starts, counts = self._prompt_ranges(prompt_ids)
         pending = np.flatnonzero((counts > 0) & (want != SEED_SELECTIONS.index("oldest")))
         for _ in range(REJECTION_ROUNDS):
             if not pending.size:
@@ -564,7 +563,7 @@ class SeedBank:
         # Then exactly, over every candidate: prompts with few eligible rollouts, none, or `oldest`.
         rest = np.flatnonzero((chosen < 0) & (counts > 0))
         if rest.size:
-            chosen[rest] = self._sample_exhaustive([prompt_ids[r] for r in rest], want[rest], step, rng, min_age,
+            chosen[rest] = self._sample_exhaustive(starts[rest], counts[rest], want[rest], step, rng, min_age,
                                                    snapshot_only)  # fmt: skip
         seeds: list[Seed | None] = [None] * len(prompt_ids)
         found = np.flatnonzero(chosen >= 0)
@@ -584,14 +583,14 @@ class SeedBank:
         )
 
     def _sample_exhaustive(
-        self, prompt_ids: Sequence[str], want: np.ndarray, step: int, rng: np.random.Generator, min_age: int,
-        snapshot_only: bool,
+        self, starts: np.ndarray, counts: np.ndarray, want: np.ndarray, step: int, rng: np.random.Generator,
+        min_age: int, snapshot_only: bool,
     ) -> np.ndarray:  # fmt: skip
-        """One eligible rollout per prompt (-1 where none), looking at every candidate. Linear in their number."""
-        indices, group = self._rows_of(prompt_ids)
+        """One eligible rollout per prompt range (-1 where none), looking at every candidate. Linear in their number."""
+        indices, group = self._rows_of(starts, counts)
         keep = self._eligible(indices, step, min_age, snapshot_only) & self._wanted(indices, want[group])
         kept = np.flatnonzero(keep)  # positions in `indices`, still grouped by prompt
-        kept_counts = np.bincount(group[kept], minlength=len(prompt_ids))
+        kept_counts = np.bincount(group[kept], minlength=len(counts))
         has_seed = kept_counts > 0
         starts, sizes = (np.cumsum(kept_counts) - kept_counts)[has_seed], kept_counts[has_seed]
         picks = starts + rng.integers(sizes)  # uniform among each prompt's kept candidates
@@ -600,7 +599,7 @@ class SeedBank:
             kept_steps = self._step.values[indices[kept]]
             for j in np.flatnonzero(oldest):  # argmin: the first of the oldest
                 picks[j] = starts[j] + np.argmin(kept_steps[starts[j] : starts[j] + sizes[j]])
-        chosen = np.full(len(prompt_ids), -1, dtype=np.int64)
+        chosen = np.full(len(counts), -1, dtype=np.int64)
         chosen[has_seed] = indices[kept[picks]]
         return chosen
 
