@@ -241,9 +241,13 @@ def run(quick: bool, output_dir: str) -> dict:
             tokens[name] = np.array([log["completions/mean_length"] * settings["batch_size"] for log in logs])
         else:
             tokens[name] = np.array([log["seeds/generated_tokens"] for log in logs])
+    base_calls = spies[BASELINE].calls[warm:]
+    base_generate_share = np.array([c["seconds"] for c in base_calls]) / base_wall  # one generate call a step
+    base_decode_steps = np.array([c["new_tokens"] for c in base_calls])
     for name, spec in variants.items():
         logs = turns[name].logs[warm:]
         calls = spies[name].calls[warm:]
+        decode_steps = np.array([c["new_tokens"] for c in calls])
         wall, cpu = np.array(turns[name].wall[warm:]), np.array(turns[name].cpu[warm:])
         kept_tokens = tokens[name]
         prefix_tokens = [log.get("seeds/prefix_tokens", 0.0) for log in logs]
@@ -258,9 +262,12 @@ def run(quick: bool, output_dir: str) -> dict:
             "generated_tokens": _summary(kept_tokens),  # kept in the responses (the trainer's own count)
             # The physical bound: the step time ratio if a step cost exactly in proportion to its generated tokens.
             "token_bound_ratio": _summary(kept_tokens / tokens[BASELINE]),
+            # The static-batching bound: GRPO's step with its `generate` time scaled by this variant's decode steps
+            # (the least a static batch can decode) and the rest unchanged; per round, against that round's GRPO step.
+            "decode_bound_ratio": _summary(1 - base_generate_share * (1 - decode_steps / base_decode_steps)),
             "prefix_tokens": _summary(prefix_tokens),
             "decoded_tokens": _summary([c["rows"] * c["new_tokens"] for c in calls]),  # what generate() computed
-            "decode_steps": _summary([c["new_tokens"] for c in calls]),
+            "decode_steps": _summary(decode_steps),
             "prompt_width": _summary([c["prompt_width"] for c in calls]),
             "seeded_group_share": _summary([log.get("seeds/seeded_group_share", 0.0) for log in logs]),
             "loss": [log.get("loss") for log in logs],

@@ -25,6 +25,6 @@ def test_quick_benchmark_meets_its_targets(tmp_path):
     names = {t["name"].split(",")[0] for t in report["targets"]}
     assert names >= {"step time ratio", "SeedBank.sample", "metadata per rollout", "resume time per 10^6 rollouts"}
     assert any(name.startswith("2 ranks resuming one bank") for name in names)
-    assert "physical bound" in table and "generated tokens" in table
+    assert "physical bound" in table and "static-batching bound" in table and "generated tokens" in table
     missed = [f"{t['name']}: {t['value']} > {t['ci_limit']}" for t in report["targets"] if not t["ci_ok"]]
     assert not missed, "\n".join(missed) + "\n\n" + table

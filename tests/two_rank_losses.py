@@ -27,7 +27,7 @@ def _stand_in_generation(self, prompt_ids, images, multimodal_fields, num_genera
     vocab, eos = len(self.processing_class), self.processing_class.eos_token_id
     # Like HF `generate`, emit the seed-prefix tokens the trainer forces (mixed batches) before the row's own ones.
     processors = getattr(self.accelerator.unwrap_model(self.model).generate, "keywords", {}).get("logits_processor")
-    forced = [[t for t in row.tolist() if t >= 0] for row in processors[0].tokens] if processors else None
+    forced = processors[0].forced if processors else None
     seen, completions = {}, []
     for row, ids in enumerate(prompt_ids):
         prefix = forced[row] if forced else []

@@ -152,6 +152,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._plan: GroupPlan | None = None
+        self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `_generating_model`
         self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
         self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         self._captured_logps: list[torch.Tensor] | None = None
@@ -246,18 +247,25 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     def _plan_groups(self, inputs) -> GroupPlan:
         """Decides, identically on every rank, which prompt groups of the global batch are seeded and where cut."""
-        local = [(_prompt_key(x), n) for x, n in zip(inputs, self._prompt_lengths(inputs))]
+        keys = [_prompt_key(x) for x in inputs]
+        local = list(zip(keys, self._prompt_lengths(inputs, keys)))
         rows = gather_object(local) if self.accelerator.num_processes > 1 else local
         keys, lengths = [key for key, _ in rows], [n for _, n in rows]
         first = self.accelerator.process_index * len(inputs)
         return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs), lengths)
 
-    def _prompt_lengths(self, inputs) -> list[int | None]:
-        """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions."""
+    def _prompt_lengths(self, inputs, keys: list[str]) -> list[int | None]:
+        """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions.
+
+        Each distinct prompt is tokenized once (a batch holds `num_generations` copies of each)."""
         if self.planner.max_positions is None or self.args.seed_method != "seeds":
             return [None] * len(inputs)
-        prompt_ids, _, _ = self._tokenize_prompts([x["prompt"] for x in inputs])
-        return [len(ids) for ids in prompt_ids]
+        first = {}
+        for row, key in enumerate(keys):
+            first.setdefault(key, row)
+        prompt_ids, _, _ = self._tokenize_prompts([inputs[row]["prompt"] for row in first.values()])
+        length = {key: len(ids) for key, ids in zip(first, prompt_ids)}
+        return [length[key] for key in keys]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
@@ -382,7 +390,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if not any(forced):
             yield
             return
-        model = self.accelerator.unwrap_model(self.model_wrapped)  # the object TRL calls `generate` on
+        model = self._generating_model  # the object TRL calls `generate` on
         own = "generate" in vars(model)  # already wrapped on the instance (a user's or a test's spy)
         original = model.generate
         model.generate = functools.partial(original, logits_processor=LogitsProcessorList([ForcedPrefix(forced)]))
@@ -393,6 +401,15 @@ class SeedGRPOTrainer(GRPOTrainer):
                 model.generate = original
             else:
                 del model.generate
+
+    @property
+    def _generating_model(self):
+        """`accelerator.unwrap_model(self.model_wrapped)`, unwrapped again only when the wrapper changes (unwrapping
+        walks every submodule, a few milliseconds a step on a small model)."""
+        wrapped = self.model_wrapped
+        if self._unwrapped is None or self._unwrapped[0] is not wrapped:
+            self._unwrapped = (wrapped, self.accelerator.unwrap_model(wrapped))
+        return self._unwrapped[1]
 
     @property
     def _backend_takes_any_rows(self) -> bool:
@@ -537,7 +554,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
             if cut is None:
                 continue
-            behaviour[i, : cut.k] = torch.as_tensor(np.asarray(seed.logprobs[: cut.k], np.float32), device=device)
+            # A copy: banked log-probs may be a read-only memory map, which torch warns about.
+            behaviour[i, : cut.k] = torch.as_tensor(np.array(seed.logprobs[: cut.k], np.float32), device=device)
             old_tokens[i, : cut.k] = 1
             if not plan.replayed[i]:
                 advantages[i, : cut.k] = float(state_advantage[first + i])
