@@ -63,6 +63,8 @@ from .snapshots import (
     tokenizer_fingerprint,
 )
 
+PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
+
 # The GRPOTrainer hooks this trainer overrides or calls; tests/test_trl_hooks.py checks their signatures.
 TRL_HOOKS = (
     "_generate_and_score_completions",
@@ -152,6 +154,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._plan: GroupPlan | None = None
+        self._prompt_length_of: dict[str, int] = {}  # prompt key -> tokens, see `_prompt_lengths`
         self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `_generating_model`
         self._mask_truncated = False  # mask_truncated_completions, while TRL is told not to apply it
         self._vllm_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
@@ -257,15 +260,21 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _prompt_lengths(self, inputs, keys: list[str]) -> list[int | None]:
         """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions.
 
-        Each distinct prompt is tokenized once (a batch holds `num_generations` copies of each)."""
-        if self.planner.max_positions is None or self.args.seed_method != "seeds":
+        A prompt is tokenized once (a batch holds `num_generations` copies of each, and prompts come back every
+        epoch); up to about `PROMPT_LENGTHS_KEPT` distinct prompts are remembered."""
+        if self.planner.max_positions is None or self.args.seed_method != "seeds" or self.args.seed_fraction == 0:
             return [None] * len(inputs)
-        first = {}
+        known = self._prompt_length_of
+        if len(known) >= PROMPT_LENGTHS_KEPT:
+            known.clear()
+        missing = {}
         for row, key in enumerate(keys):
-            first.setdefault(key, row)
-        prompt_ids, _, _ = self._tokenize_prompts([inputs[row]["prompt"] for row in first.values()])
-        length = {key: len(ids) for key, ids in zip(first, prompt_ids)}
-        return [length[key] for key in keys]
+            if key not in known:
+                missing.setdefault(key, row)
+        if missing:
+            prompt_ids, _, _ = self._tokenize_prompts([inputs[row]["prompt"] for row in missing.values()])
+            known.update((key, len(ids)) for key, ids in zip(missing, prompt_ids))
+        return [known[key] for key in keys]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         plan = self._plan
