@@ -1,6 +1,11 @@
 """Issue 6: the replay baseline and pass-rate seed selection through `trainer.train()`, and the analysis commands."""
 
+import csv
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -652,20 +657,17 @@ def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
     The warm-up comes from `$TS_TRL_CACHE` when set (`.ci/run` sets it, and its main job has filled it), else from a
     fresh cache in `tmp_path` (about 30 s more).
     """
-    import csv
-    import os
-    import subprocess
-    import sys
-    import time
-
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.setdefault("TS_TRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "quick"
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "ts_trl", "compare", "--quick", "--output-dir", str(out)],
-        capture_output=True, text=True, env=env, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     minutes = (time.monotonic() - started) / 60
     assert done.returncode == 0, done.stderr[-3000:]
     assert minutes <= 10, f"compare --quick took {minutes:.1f} min, over its 10-minute budget"

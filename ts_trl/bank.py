@@ -563,8 +563,9 @@ class SeedBank:
         # Then exactly, over every candidate: prompts with few eligible rollouts, none, or `oldest`.
         rest = np.flatnonzero((chosen < 0) & (counts > 0))
         if rest.size:
-            chosen[rest] = self._sample_exhaustive(starts[rest], counts[rest], want[rest], step, rng, min_age,
-                                                   snapshot_only)  # fmt: skip
+            chosen[rest] = self._sample_exhaustive(
+                starts[rest], counts[rest], want[rest], step, rng, min_age, snapshot_only
+            )
         seeds: list[Seed | None] = [None] * len(prompt_ids)
         found = np.flatnonzero(chosen >= 0)
         for position, seed in zip(found.tolist(), self._get_many(chosen[found])):
@@ -583,9 +584,15 @@ class SeedBank:
         )
 
     def _sample_exhaustive(
-        self, starts: np.ndarray, counts: np.ndarray, want: np.ndarray, step: int, rng: np.random.Generator,
-        min_age: int, snapshot_only: bool,
-    ) -> np.ndarray:  # fmt: skip
+        self,
+        starts: np.ndarray,
+        counts: np.ndarray,
+        want: np.ndarray,
+        step: int,
+        rng: np.random.Generator,
+        min_age: int,
+        snapshot_only: bool,
+    ) -> np.ndarray:
         """One eligible rollout per prompt range (-1 where none), looking at every candidate. Linear in their number."""
         indices, group = self._rows_of(starts, counts)
         keep = self._eligible(indices, step, min_age, snapshot_only) & self._wanted(indices, want[group])

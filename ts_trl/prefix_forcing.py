@@ -27,9 +27,8 @@ class ForcedPrefix(LogitsProcessor):
 
     def __init__(self, forced: Sequence[Sequence[int]]):
         self.forced = [[int(token) for token in tokens] for tokens in forced]  # per row, as given
-        self.rows = len(forced)
         width = max((len(f) for f in self.forced), default=0)
-        table = np.full((width, self.rows), -1, dtype=np.int64)  # table[position, row]: the token forced there
+        table = np.full((width, len(self.forced)), -1, dtype=np.int64)  # table[position, row]: the token forced there
         for row, tokens in enumerate(self.forced):
             table[: len(tokens), row] = tokens
         table = torch.from_numpy(table)
@@ -38,12 +37,13 @@ class ForcedPrefix(LogitsProcessor):
         # Per position: which rows are forced there and to which token, built once so a decode step costs two ops.
         self.steps = list(zip(rows.split(per_position), table[positions, rows].split(per_position)))
         self.prompt_width: int | None = None  # set at the first call: the padded prompt's width
+        self.zero: torch.Tensor | None = None  # set at the first call: 0 in the scores' dtype and device
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.prompt_width is None:
-            if scores.shape[0] != self.rows:
+            if scores.shape[0] != len(self.forced):
                 raise ValueError(
-                    f"generate() scored {scores.shape[0]} sequences for {self.rows} rows; seeding with HF generate "
+                    f"generate() scored {scores.shape[0]} sequences for {len(self.forced)} rows; seeding with HF generate "
                     "needs one sequence per row. Remove num_beams / num_return_sequences from generation_kwargs."
                 )
             self.prompt_width = input_ids.shape[1]
