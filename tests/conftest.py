@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny tokenizer and model are built in-process, so the suite never touches the network."""
 
 import dataclasses
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,6 +43,31 @@ def count_reward(completions, **kwargs):
     return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
 
 
+def seed_rows(output_dir) -> list[dict]:
+    """Every row of a run's seed dataset, read back from its shards."""
+    import pyarrow.parquet as pq
+
+    seeds = Path(output_dir) / "seeds"
+    manifest = json.loads((seeds / "manifest.json").read_text())
+    return [row for shard in manifest["shards"] for row in pq.read_table(seeds / shard["file"]).to_pylist()]
+
+
+def logged(trainer, key) -> list:
+    """The values a run logged under `key`, in order."""
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def recomputed_logprobs(model, tokenizer, row) -> list[float]:
+    """The log-probs `model` gives a banked row's response tokens, scored alone (no padding)."""
+    import torch
+
+    prompt_ids = tokenizer(row["prompt"])["input_ids"]
+    ids = torch.tensor([prompt_ids + row["completion_ids"]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(row["completion_ids"])[:, None])[:, 0].tolist()
+
+
 def tiny_prompts(n: int = 8):
     from datasets import Dataset
 
@@ -76,6 +102,7 @@ def make_trainer(tmp_path, tokenizer):
         dataset=None,
         reward=count_reward,
         eval_dataset=None,
+        model=None,
         **overrides,
     ):
         settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run")}
@@ -83,7 +110,7 @@ def make_trainer(tmp_path, tokenizer):
         known = {f.name for f in dataclasses.fields(config_cls)}
         args = config_cls(**{k: v for k, v in settings.items() if k in known})
         return trainer_cls(
-            model=build_tiny_model(build_tokenizer()),
+            model=model if model is not None else build_tiny_model(build_tokenizer()),
             reward_funcs=reward,
             args=args,
             train_dataset=dataset if dataset is not None else tiny_prompts(),

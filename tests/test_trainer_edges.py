@@ -1,38 +1,17 @@
 """Settings off the default path, each checked through `trainer.train()`: truncation masking, the model's position
 limit, TRL's length metrics, seeds longer than the budget, and TRL's own validation errors."""
 
-import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-import torch
 from datasets import Dataset
 
-from tests.conftest import TINY_SETTINGS, count_reward, tiny_prompts
+from tests.conftest import TINY_SETTINGS, count_reward, logged, recomputed_logprobs, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.data import prompt_id_of
 from ts_trl.snapshots import rollouts_to_table, tokenizer_fingerprint, write_shard
 from ts_trl.tiny import build_tiny_model
-
-
-def _rows(output_dir) -> list[dict]:
-    seeds = Path(output_dir) / "seeds"
-    manifest = json.loads((seeds / "manifest.json").read_text())
-    return [row for shard in manifest["shards"] for row in pq.read_table(seeds / shard["file"]).to_pylist()]
-
-
-def _logged(trainer, key) -> list:
-    return [h[key] for h in trainer.state.log_history if key in h]
-
-
-def _recomputed_logprobs(model, tokenizer, row) -> list[float]:
-    prompt_ids = tokenizer(row["prompt"])["input_ids"]
-    ids = torch.tensor([prompt_ids + row["completion_ids"]])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
-    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(row["completion_ids"])[:, None])[:, 0].tolist()
 
 
 def test_truncated_rows_bank_the_sampling_policys_logprobs(make_trainer, tokenizer):
@@ -43,13 +22,13 @@ def test_truncated_rows_bank_the_sampling_policys_logprobs(make_trainer, tokeniz
     trainer.train()
     output_dir = Path(trainer.args.output_dir)
     model = AutoModelForCausalLM.from_pretrained(output_dir / "checkpoint-2").eval()
-    rows = [r for r in _rows(output_dir) if r["step"] == 2]  # sampled by checkpoint-2's weights
+    rows = [r for r in seed_rows(output_dir) if r["step"] == 2]  # sampled by checkpoint-2's weights
     eos = tokenizer.eos_token_id
     truncated = [r for r in rows if r["completion_ids"][-1] != eos]
     assert truncated, "the 12-token budget should truncate some of the tiny model's rows"
     for row in rows:
         k = row["prefix_len"]  # prefix tokens keep the seed's own log-probs
-        expected = _recomputed_logprobs(model, tokenizer, row)
+        expected = recomputed_logprobs(model, tokenizer, row)
         # abs=5e-3: training scores the row inside a padded batch, which shifts float rounding slightly
         assert row["logprobs"][k:] == pytest.approx(expected[k:], abs=5e-3), row["completion_ids"][-1] == eos
 
@@ -82,7 +61,7 @@ def test_generation_never_runs_past_the_models_positions(tmp_path, tokenizer):
         processing_class=tokenizer,
     )
     trainer.train()
-    continuations = [r for r in _rows(trainer.args.output_dir) if r["seed_origin"] is not None]
+    continuations = [r for r in seed_rows(trainer.args.output_dir) if r["seed_origin"] is not None]
     assert continuations, "some groups should be seeded"
     assert max(reaches) <= 22, reaches
 
@@ -116,13 +95,13 @@ def test_seeds_longer_than_the_budget_are_cut_over_the_admissible_range(make_tra
         seed_dataset=str(tmp_path / "ext"), max_steps=6, save_steps=10, per_device_train_batch_size=16
     )
     trainer.train()
-    rows = _rows(trainer.args.output_dir)
+    rows = seed_rows(trainer.args.output_dir)
     cuts = [r["prefix_len"] for r in rows if r["seed_origin"] in ("ext-0", "ext-1")][::4]  # one per group
     assert len(cuts) >= 4
     assert all(4 <= k <= 11 for k in cuts)  # floor(0.1 * 40) .. budget - 1
     assert sum(k == 11 for k in cuts) < len(cuts) / 2, cuts  # clipping r in [0.3, 0.9] to k = 11 piled 3/4 here
     assert not [r for r in rows if r["seed_origin"] in ("ext-2", "ext-3")]  # no cut of them fits: not seeded
-    refused = _logged(trainer, "seeds/refused_cut_share")
+    refused = logged(trainer, "seeds/refused_cut_share")
     assert refused and max(refused) > 0 and all(0 <= x <= 1 for x in refused)
 
 

@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,8 @@ class SeedGRPOTrainer(GRPOTrainer):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusal below.
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
+        with _loadable_by_path(model, needed=args.beta != 0.0):
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         if args.seed_method != "none":
             for unsupported in ("tools", "rollout_func", "environment_factory"):
                 if kwargs.get(unsupported):
@@ -718,6 +720,32 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         with _seeds_kept_out_of_model_repo():
             return super()._push_from_checkpoint(checkpoint_folder)
+
+
+@contextlib.contextmanager
+def _loadable_by_path(model, needed: bool):
+    """Gives a model built in memory a folder to be loaded from while TRL's constructor runs.
+
+    With `beta != 0`, TRL builds the KL reference model by loading the policy's `config._name_or_path` again. A model
+    built in memory (the embedded default's warm tiny model, or one a user made from a config) has an empty one, and
+    TRL would stop on an invalid repo id ''. Such a model is saved to a temporary folder for the constructor's time;
+    its empty name is restored afterwards, so model cards and seed datasets do not name a folder that is gone.
+    """
+    if (
+        not needed
+        or isinstance(model, str)
+        or getattr(model.config, "_name_or_path", "")
+        or hasattr(model, "peft_config")
+    ):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="ts_trl-reference-") as folder:
+        model.save_pretrained(folder)
+        model.config._name_or_path = folder
+        try:
+            yield
+        finally:
+            model.config._name_or_path = ""
 
 
 def _tokenizer_class_to_load(tokenizer) -> str:
