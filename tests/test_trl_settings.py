@@ -18,11 +18,14 @@ from tests.conftest import logged, recomputed_logprobs, seed_rows, tiny_prompts
 from tests.test_old_tokens import _Probe as Probe
 from ts_trl.data import prompt_id_of
 
-# How a single generation is consumed: the cases where TRL's old log-probs and the training forward part ways.
+# How rollouts are sampled and consumed: the first three reuse one generation for several optimizer steps, where TRL's
+# old log-probs and a later training forward part ways; the last filters the sampler's distribution after the
+# processor that forces seed prefixes.
 SAMPLING = {
     "num_iterations=2": dict(num_iterations=2),
     "steps_per_generation=2": dict(steps_per_generation=2),
     "gradient_accumulation_steps=2": dict(gradient_accumulation_steps=2),
+    "top_k=5,top_p=0.9,repetition_penalty=1.3": dict(top_k=5, top_p=0.9, repetition_penalty=1.3),
 }
 
 # What the loss does with the advantages TRL (and the prefix-action weighting) hands it.
@@ -75,7 +78,7 @@ def _assert_banks_the_sampling_policy(trainer, tokenizer):
 
 @pytest.mark.parametrize("prefix_mode", ["state", "action"])
 @pytest.mark.parametrize("settings", list(SAMPLING.values()), ids=list(SAMPLING))
-def test_generations_reused_across_steps_bank_the_sampling_policy(make_trainer, tokenizer, settings, prefix_mode):
+def test_seeded_rollouts_bank_the_sampling_policy(make_trainer, tokenizer, settings, prefix_mode):
     trainer = _train(make_trainer, prefix_mode=prefix_mode, **settings)
     _assert_banks_the_sampling_policy(trainer, tokenizer)
     if prefix_mode == "action":
