@@ -19,7 +19,7 @@ from tests.test_old_tokens import _Probe as Probe
 from ts_trl.data import prompt_id_of
 
 # How rollouts are sampled and consumed: the first three reuse one generation for several optimizer steps, where TRL's
-# old log-probs and a later training forward part ways; the last filters the sampler's distribution after the
+# old log-probs and a later training forward part ways; the last reshapes the sampler's distribution around the
 # processor that forces seed prefixes.
 SAMPLING = {
     "num_iterations=2": dict(num_iterations=2),
