@@ -109,6 +109,22 @@ def test_bank_of_100k_rollouts_of_512_tokens_is_compact():
     assert "r100000" not in bank and "r5" in bank
 
 
+def test_every_rollout_id_is_found_after_the_index_merges():
+    """Rollout ids enter an unsorted tail, merged into the sorted hash index once it holds 4096 or more."""
+    bank = SeedBank()
+    for first in range(0, 15_000, 1_500):
+        bank.add_rollouts(
+            [Rollout(f"m{i}", f"p{i % 7}", "", "", [1, 2], [-0.1, -0.2], 0.0, 0) for i in range(first, first + 1_500)]
+        )
+    assert len(bank._hash_sorted) == 13_500 and bank._hash_tail.size == 1_500  # three merges, and a tail
+    assert np.all(np.diff(bank._hash_sorted.astype(np.int64)) >= 0)
+    assert [bank._find(f"m{i}") for i in range(15_000)] == list(range(15_000))
+    for merged_or_tail in ("m0", "m4499", "m13499", "m13500", "m14999"):
+        with pytest.raises(ValueError, match="already in the seed bank"):
+            bank.add_rollouts([Rollout(merged_or_tail, "p0", "", "", [1, 2], [0.0, 0.0], 0.0, 1)])
+    assert len(bank) == 15_000
+
+
 def _table(rollouts):
     return rollouts_to_table(rollouts, "checkpoint-1", "tiny", "fp", [])
 
