@@ -306,7 +306,8 @@ EMBEDDED_SMALL = [
 
 
 def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path):
-    """No model flag under the CPU ZeRO-3 config: the cached warm-up loads into a model ZeRO-3 then partitions."""
+    """No model flag under the CPU ZeRO-3 config: the cached warm-up loads into a model ZeRO-3 then partitions, and its
+    KL reference (beta > 0) is the same weights."""
     from ts_trl.embedded import EmbeddedTask, build_warm_model
 
     cache = tmp_path / "cache"
@@ -320,10 +321,14 @@ def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path
     config.write_text(yaml.safe_dump(ZERO3_CPU))
     output_dir = tmp_path / "run"
     train = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "2", "--save_steps", "1"]
+    # beta > 0: TRL loads the KL reference model by path, and the embedded model is built in memory
+    train += ["--beta", "0.04", "--logging_steps", "1"]
     result = _launch(tmp_path, ["--config_file", str(config)], train, DS_ACCELERATOR="cpu", TS_TRL_CACHE=str(cache))
     assert "DeepSpeed: True" in result.stdout and "Thinking Seeds run finished" in result.stdout
     report = json.loads((output_dir / "report.json").read_text())
     assert report["steps"] == 2 and report["seeds"]["rollouts"] == 16
+    history = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1 scores the reference before any update
 
 
 def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path):
