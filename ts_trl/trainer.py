@@ -17,6 +17,8 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_compute_loss`: keep the gathered rewards, and the
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
 - `train`: rebuilds the seed bank from the checkpoint's snapshot on resume.
+- `__init__`: with `beta != 0`, a model built in memory (no `_name_or_path`) is saved to a temporary folder while
+  TRL's constructor loads the KL reference model from it (`_loadable_by_path`).
 
 Everything else lives in its own module: which groups are seeded and where cut in `planning.py` (pure NumPy), cuts,
 splices and importance weights in `cutting.py`, and the bank with everything it persists (run id, manifest, shards,
