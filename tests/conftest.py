@@ -14,7 +14,10 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the Hub endp
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
+from ts_trl import SeedGRPOTrainer  # noqa: E402
+from ts_trl.data import prompt_id_of  # noqa: E402
 from ts_trl.tiny import build_tiny_model, build_tokenizer  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -59,8 +62,6 @@ def logged(trainer, key) -> list:
 
 def recomputed_logprobs(model, tokenizer, row) -> list[float]:
     """The log-probs `model` gives a banked row's response tokens, scored alone (no padding)."""
-    import torch
-
     prompt_ids = tokenizer(row["prompt"])["input_ids"]
     ids = torch.tensor([prompt_ids + row["completion_ids"]])
     with torch.no_grad():
@@ -102,7 +103,6 @@ def make_trainer(tmp_path, tokenizer):
         dataset=None,
         reward=count_reward,
         eval_dataset=None,
-        model=None,
         **overrides,
     ):
         settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run")}
@@ -110,7 +110,7 @@ def make_trainer(tmp_path, tokenizer):
         known = {f.name for f in dataclasses.fields(config_cls)}
         args = config_cls(**{k: v for k, v in settings.items() if k in known})
         return trainer_cls(
-            model=model if model is not None else build_tiny_model(build_tokenizer()),
+            model=build_tiny_model(build_tokenizer()),
             reward_funcs=reward,
             args=args,
             train_dataset=dataset if dataset is not None else tiny_prompts(),
@@ -119,3 +119,49 @@ def make_trainer(tmp_path, tokenizer):
         )
 
     return make
+
+
+class GradientProbe(SeedGRPOTrainer):
+    """Adds a zero-valued leaf to the training log-probs (to read d loss / d logp) and counts the forward passes."""
+
+    forwards = 0
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        self.forwards += 1
+        if torch.is_grad_enabled():
+            self.logps = logps.detach()
+            self.delta = torch.zeros_like(logps, requires_grad=True)
+            logps = logps + self.delta
+        return logps, entropies, aux
+
+
+def seeded_action_batch(make_trainer, state_value: float, baseline: float = 0.5, **settings):
+    """One batch in which both prompt groups continue from a seed, in "action" mode, with its loss back-propagated.
+
+    Two steps on two prompts bank and snapshot rollouts of both; then the batch is generated and scored with seeded
+    rows rewarded `state_value` +- 0.1 (plain rows 0) and every prompt's baseline b set to `baseline`. Returns the
+    trainer (a `GradientProbe`: `trainer.delta.grad` is d loss / d logp, `trainer.logps` the log-probs) and the inputs.
+    """
+    holder = {}
+
+    def reward(completions, **kwargs):
+        plan = holder["trainer"]._plan
+        return [state_value + (0.1 if i % 2 else -0.1) if c is not None else 0.0 for i, c in enumerate(plan.cuts)]
+
+    trainer = holder["trainer"] = make_trainer(
+        trainer_cls=GradientProbe,
+        prefix_mode="action",
+        reward=reward,
+        dataset=tiny_prompts(2),
+        max_steps=2,
+        save_steps=1,
+        **settings,
+    )
+    trainer.train()  # banks and snapshots rollouts of both prompts, so the next batch is seeded
+    trainer.model.train()
+    batch = [trainer.train_dataset[i // 4] for i in range(8)]
+    trainer.planner.reward_means = {prompt_id_of(row["prompt"]): baseline for row in batch}
+    inputs = trainer._generate_and_score_completions(batch)
+    trainer._compute_loss(trainer.model, inputs).backward()
+    return trainer, inputs

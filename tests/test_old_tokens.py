@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_prompts
+from tests.conftest import GradientProbe, seeded_action_batch, tiny_prompts
 from tests.two_rank_losses import run as run_two_prompt_modes
-from ts_trl import SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.data import prompt_id_of
 from ts_trl.snapshots import rollouts_to_table, tokenizer_fingerprint, write_shard
@@ -20,52 +19,16 @@ from ts_trl.snapshots import rollouts_to_table, tokenizer_fingerprint, write_sha
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Probe(SeedGRPOTrainer):
-    """Adds a zero-valued leaf to the training log-probs (to read d loss / d logp) and counts the forward passes."""
-
-    forwards = 0
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        self.forwards += 1
-        if torch.is_grad_enabled():
-            self.logps = logps.detach()
-            self.delta = torch.zeros_like(logps, requires_grad=True)
-            logps = logps + self.delta
-        return logps, entropies, aux
-
-
 @pytest.mark.parametrize("state_value", [0.9, 0.1])
 def test_prefix_actions_get_the_state_advantage(make_trainer, state_value):
     """The gradient on prefix log-probs is non-zero, shared by the group, and has the sign of V(state) - b(prompt)."""
-    holder = {}
-
-    def reward(completions, **kwargs):  # seeded rows score state_value +- 0.1, plain rows 0
-        plan = holder["trainer"]._plan
-        return [state_value + (0.1 if i % 2 else -0.1) if c is not None else 0.0 for i, c in enumerate(plan.cuts)]
-
-    trainer = holder["trainer"] = make_trainer(
-        trainer_cls=_Probe,
-        prefix_mode="action",
-        reward=reward,
-        loss_type="dapo",
-        dataset=tiny_prompts(2),
-        max_steps=2,
-        save_steps=1,
-    )
-    trainer.train()  # banks and snapshots rollouts of both prompts, so the next batch is seeded
-    trainer.model.train()
-    batch = [trainer.train_dataset[i // 4] for i in range(8)]
     baseline = 0.5
-    trainer.planner.reward_means = {prompt_id_of(row["prompt"]): baseline for row in batch}
-    inputs = trainer._generate_and_score_completions(batch)
+    trainer, inputs = seeded_action_batch(make_trainer, state_value, baseline, loss_type="dapo")
     cuts = [(i, p.rollout.prefix_len, p.rollout.seed_origin) for i, p in enumerate(trainer.seed_store.pending)]
     seeded = [(i, k, trainer.seed_bank.lookup(origin)) for i, k, origin in cuts if origin is not None]
     assert len(seeded) == 8, "both groups should be seeded"
     rewards = np.array([state_value + (0.1 if i % 2 else -0.1) for i in range(8)])
     expected = (state_value - baseline) / (rewards.std() + 1e-4)  # V - b, in batch reward standard deviations
-    loss = trainer._compute_loss(trainer.model, inputs)
-    loss.backward()
     grad, advantages, mask = trainer.delta.grad, inputs["advantages"], inputs["completion_mask"]
     clip = trainer.args.prefix_is_clip
     for i, k, seed in seeded:
@@ -113,7 +76,7 @@ def test_action_mode_runs_no_extra_forward_pass(make_trainer, tmp_path):
     counts = {}
     for name, mode in {"plain": dict(seed_method="none"), "action": dict(prefix_mode="action")}.items():
         trainer = make_trainer(
-            trainer_cls=_Probe,
+            trainer_cls=GradientProbe,
             output_dir=str(tmp_path / name),
             dataset=tiny_prompts(2),
             max_steps=3,

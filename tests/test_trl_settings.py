@@ -14,9 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import logged, recomputed_logprobs, seed_rows, tiny_prompts
-from tests.test_old_tokens import _Probe as Probe
-from ts_trl.data import prompt_id_of
+from tests.conftest import logged, recomputed_logprobs, seed_rows, seeded_action_batch, tiny_prompts
 
 # How rollouts are sampled and consumed: the first three reuse one generation for several optimizer steps, where TRL's
 # old log-probs and a later training forward part ways; the last reshapes the sampler's distribution around the
@@ -89,30 +87,10 @@ def test_seeded_rollouts_bank_the_sampling_policy(make_trainer, tokenizer, setti
 @pytest.mark.parametrize("settings", list(LOSSES.values()), ids=list(LOSSES))
 def test_prefix_actions_train_under_every_loss(make_trainer, settings):
     """Prefix tokens get a gradient that does not cancel over the group, with the sign of V(state) - b(prompt)."""
-    holder = {}
-
-    def reward(completions, **kwargs):  # seeded rows score 0.9 +- 0.1, plain rows 0
-        plan = holder["trainer"]._plan
-        return [0.9 + (0.1 if i % 2 else -0.1) if c is not None else 0.0 for i, c in enumerate(plan.cuts)]
-
-    trainer = holder["trainer"] = make_trainer(
-        trainer_cls=Probe,
-        prefix_mode="action",
-        reward=reward,
-        dataset=tiny_prompts(2),
-        max_steps=2,
-        save_steps=1,
-        **settings,
-    )
-    trainer.train()  # banks and snapshots rollouts of both prompts, so the next batch is seeded
+    trainer, _ = seeded_action_batch(make_trainer, state_value=0.9, baseline=0.5, **settings)  # V - b > 0
     assert all(math.isfinite(x) for x in logged(trainer, "loss"))
-    trainer.model.train()
-    batch = [trainer.train_dataset[i // 4] for i in range(8)]
-    trainer.planner.reward_means = {prompt_id_of(row["prompt"]): 0.5 for row in batch}  # b(prompt) = 0.5 < V
-    inputs = trainer._generate_and_score_completions(batch)
     prefix_lens = [p.rollout.prefix_len for p in trainer.seed_store.pending]
     assert all(k > 0 for k in prefix_lens), "both groups should be seeded"
-    trainer._compute_loss(trainer.model, inputs).backward()
     grad = trainer.delta.grad
     for group in (range(0, 4), range(4, 8)):
         prefix_grads = torch.cat([grad[i, : prefix_lens[i]] for i in group])
