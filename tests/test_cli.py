@@ -305,18 +305,29 @@ EMBEDDED_SMALL = [
 ]  # fmt: skip
 
 
-def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path):
-    """No model flag under the CPU ZeRO-3 config: the cached warm-up loads into a model ZeRO-3 then partitions, and its
-    KL reference (beta > 0) is the same weights."""
+def _embedded_warm_cache(tmp_path) -> Path:
+    """The warm-up cache a first run of EMBEDDED_SMALL leaves (built here, in-process, to save a launch)."""
     from ts_trl.embedded import EmbeddedTask, build_warm_model
 
     cache = tmp_path / "cache"
     os.environ["TS_TRL_CACHE"], previous = str(cache), os.environ.get("TS_TRL_CACHE")
-    try:  # the cache a first run leaves (built here, in-process, to save a launch)
+    try:
         build_warm_model(EmbeddedTask(difficulty=2, seed=0), steps=5, seed=0, progress=False)
     finally:
         os.environ.pop("TS_TRL_CACHE") if previous is None else os.environ.update(TS_TRL_CACHE=previous)
     assert list(cache.glob("warmup/*/model.safetensors"))
+    return cache
+
+
+def _first_kl(output_dir) -> float:
+    """The KL logged at step 1: the reference scored against the policy before any update."""
+    return json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())["log_history"][0]["kl"]
+
+
+def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path):
+    """No model flag under the CPU ZeRO-3 config: the cached warm-up loads into a model ZeRO-3 then partitions, and its
+    KL reference (beta > 0) is the same weights."""
+    cache = _embedded_warm_cache(tmp_path)
     config = tmp_path / "zero3_cpu.yaml"
     config.write_text(yaml.safe_dump(ZERO3_CPU))
     output_dir = tmp_path / "run"
@@ -327,8 +338,21 @@ def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path
     assert "DeepSpeed: True" in result.stdout and "Thinking Seeds run finished" in result.stdout
     report = json.loads((output_dir / "report.json").read_text())
     assert report["steps"] == 2 and report["seeds"]["rollouts"] == 16
-    history = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
-    assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1 scores the reference before any update
+    assert _first_kl(output_dir) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_two_cpu_processes_give_the_embedded_model_its_kl_reference(tmp_path):
+    """beta > 0 on 2 ranks: every rank loads the reference of the model it built in memory (only rank 0 wrote it with
+    `save_pretrained`, and rank 1 stopped on a folder with no model in it)."""
+    cache = _embedded_warm_cache(tmp_path)
+    two_ranks = ["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml")]
+    two_ranks += ["--num_processes", "2", "--mixed_precision", "no"]
+    output_dir = tmp_path / "run"
+    train = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "2", "--save_steps", "1", "--use_cpu"]
+    train += ["--beta", "0.04", "--logging_steps", "1"]
+    result = _launch(tmp_path, two_ranks, train, TS_TRL_CACHE=str(cache))
+    assert "Training on 2 process(es)" in result.stdout and "Thinking Seeds run finished" in result.stdout
+    assert _first_kl(output_dir) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path):

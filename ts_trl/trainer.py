@@ -32,6 +32,7 @@ is GRPO's group mean over the `num_generations` continuations of the same cut.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -42,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import gather_object
+from safetensors.torch import save_file
 from transformers import LogitsProcessorList
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
@@ -742,7 +744,16 @@ def _loadable_by_path(model, needed: bool):
         yield
         return
     with tempfile.TemporaryDirectory(prefix="ts_trl-reference-") as folder:
-        model.save_pretrained(folder)
+        # Not `save_pretrained`: once torch.distributed is up it writes on rank 0 only, and every rank loads its own.
+        config = copy.copy(model.config)
+        config.architectures = [type(model).__name__]  # what TRL reads to pick the class to load
+        config.save_pretrained(folder)
+        weights, stored = {}, set()
+        for name, tensor in model.state_dict().items():
+            if tensor.data_ptr() not in stored:  # a tied copy (the LM head of tied embeddings) is tied again on load
+                stored.add(tensor.data_ptr())
+                weights[name] = tensor.detach().contiguous()
+        save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
         model.config._name_or_path = folder
         try:
             yield
