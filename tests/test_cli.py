@@ -530,6 +530,23 @@ def test_embedded_default_end_to_end_in_miniature(tmp_path, monkeypatch):
     assert list((tmp_path / "cache").glob("warmup/*/model.safetensors"))  # the warm-up was cached
 
 
+def test_the_on_policy_baseline_reports_itself_with_its_curve(tmp_path, monkeypatch, capsys):
+    """`--seed_method none` in the embedded default (the testbed's own target): the report names the method it
+    trained, not Thinking Seeds, and its learning curve."""
+    monkeypatch.setenv("TS_TRL_CACHE", str(_embedded_warm_cache(tmp_path)))
+    output_dir = tmp_path / "on-policy"
+    argv = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "2", "--seed_method", "none"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    assert exit_info.value.code == 0
+    output = capsys.readouterr().out
+    assert "On-policy GRPO run finished" in output and "Thinking Seeds" not in output
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["steps"] == 2 and Path(report["learning_curve"]) == output_dir / "learning_curve.png"
+    assert str(output_dir / "learning_curve.png") in output
+
+
 @pytest.mark.slow
 def test_embedded_default_improves_held_out_pass_at_1(tmp_path):
     """The real embedded default (minutes on two cores): RL must raise held-out pass@1 over the warmed-up model."""

@@ -374,6 +374,17 @@ def test_invariant_9_bad_input_fails_at_construction(make_trainer, tokenizer, tm
         make_trainer(seed_dataset=str(tmp_path / "bare"))
 
 
+@pytest.mark.parametrize("method", ["seeds", "none"])
+def test_a_dataset_smaller_than_one_generation_is_refused_instead_of_training_zero_steps(make_trainer, method):
+    # steps_per_generation=2 makes one generation take 2 steps x 2 groups = 4 prompts; TRL's sampler drops a shorter
+    # batch, and GRPOTrainer's train() would return after 0 steps with only a logged warning.
+    with pytest.raises(ValueError, match="has 3 prompts, fewer than one generation takes \\(4 ="):
+        make_trainer(seed_method=method, steps_per_generation=2, dataset=tiny_prompts(3))
+    trainer = make_trainer(seed_method=method, steps_per_generation=2, max_steps=2, dataset=tiny_prompts(4))
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
 def test_fully_seeded_batches_generate_only_the_budget_left(make_trainer):
     trainer = make_trainer(seed_fraction=1.0, max_steps=6, save_steps=1, dataset=tiny_prompts(2))
     budgets = []

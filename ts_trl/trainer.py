@@ -122,6 +122,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if args.seed_dataset is not None:
             source = local_seed_dataset(args.seed_dataset)
             external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
+        if train_dataset is not None:
+            self._check_one_generation_fits(train_dataset)
         if args.seed_method != "none" and train_dataset is not None:
             self._validate_dataset(train_dataset)
         if args.success_reward is not None and args.success_reward not in self.reward_func_names:
@@ -172,6 +174,19 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     # ----------------------------------------------------------------------------------------------------------------
     # Validation and run set-up
+
+    def _check_one_generation_fits(self, dataset) -> None:
+        """TRL's sampler drops an incomplete generation batch, so a dataset smaller than one would train 0 steps."""
+        if not hasattr(dataset, "__len__"):
+            return
+        prompts_per_generation = self.args.generation_batch_size // self.num_generations
+        if len(dataset) < prompts_per_generation:
+            raise ValueError(
+                f"The training dataset has {len(dataset)} prompts, fewer than one generation takes "
+                f"({prompts_per_generation} = generation_batch_size {self.args.generation_batch_size} / num_generations "
+                f"{self.num_generations}), so training would stop after 0 steps. Add prompts, or lower "
+                "per_device_train_batch_size, steps_per_generation or generation_batch_size."
+            )
 
     def _validate_dataset(self, dataset) -> None:
         """Fails early, before any generation, on data that seeding cannot handle."""

@@ -99,6 +99,10 @@ def format_report(report: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+# The report's title names what was trained, so that an on-policy baseline is not reported as Thinking Seeds.
+METHOD_NAMES = {"seeds": "Thinking Seeds", "none": "On-policy GRPO", "replay": "Replay"}
+
+
 def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) -> dict:
     """Prints the final report and saves it as `report.json` in the output directory (main process)."""
     output_dir = Path(trainer.args.output_dir)
@@ -119,11 +123,8 @@ def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) 
     if (output_dir / "learning_curve.png").is_file():
         report["learning_curve"] = str(output_dir / "learning_curve.png")
     if trainer.accelerator.is_main_process:
-        title = (
-            f"Thinking Seeds run interrupted at step {report['steps']}"
-            if interrupted
-            else "Thinking Seeds run finished"
-        )
+        method = METHOD_NAMES.get(trainer.args.seed_method, trainer.args.seed_method)
+        title = f"{method} run interrupted at step {report['steps']}" if interrupted else f"{method} run finished"
         print(format_report(report, title), flush=True)
         (output_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return report
