@@ -341,6 +341,24 @@ def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path
     assert _first_kl(output_dir) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_zero3_on_two_cpu_processes_builds_the_warm_up_and_the_kl_reference(tmp_path):
+    """A first run on 2 ranks under ZeRO-3, from an empty cache: each rank warms up and caches complete weights, and
+    TRL's reference model (beta > 0) is partitioned over both ranks (with use_cpu, DeepSpeed did not see the process
+    group yet and counted a world of 1: "train_batch_size is not equal to ... 16 != 8 * 1 * 1")."""
+    cache = tmp_path / "cache"
+    config = tmp_path / "zero3_cpu.yaml"
+    config.write_text(yaml.safe_dump({**ZERO3_CPU, "num_processes": 2}))
+    output_dir = tmp_path / "run"
+    train = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "2", "--save_steps", "1"]
+    train += ["--beta", "0.04", "--logging_steps", "1"]
+    result = _launch(tmp_path, ["--config_file", str(config)], train, DS_ACCELERATOR="cpu", TS_TRL_CACHE=str(cache))
+    assert "Training on 2 process(es), DeepSpeed: True" in result.stdout
+    assert "Thinking Seeds run finished" in result.stdout
+    assert _first_kl(output_dir) == pytest.approx(0.0, abs=1e-6)
+    (warm,) = (cache / "warmup").iterdir()
+    assert (warm / "model.safetensors").is_file()
+
+
 def test_two_cpu_processes_give_the_embedded_model_its_kl_reference(tmp_path):
     """beta > 0 on 2 ranks: every rank loads the reference of the model it built in memory (only rank 0 wrote it with
     `save_pretrained`, and rank 1 stopped on a folder with no model in it)."""

@@ -181,6 +181,48 @@ def test_a_failed_save_leaves_no_cache(tokenizer, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def _warm_up_as_rank(rank: int, cache_root: str, address: str) -> None:
+    """One rank of a 2-process gloo group, warming up into a cache folder of its own."""
+    from ts_trl.tiny import build_tokenizer
+
+    torch.distributed.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    try:
+        tokenizer = build_tokenizer()
+        model = small_model(tokenizer)
+        warm_up(
+            model, tokenizer, EmbeddedTask(), steps=1, batch_size=2, cache_dir=f"{cache_root}/{rank}", progress=False
+        )
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_every_rank_of_a_distributed_run_caches_the_weights(tmp_path):
+    # Each rank of a multi-process run warms up and may win the rename into the shared cache. `save_pretrained` skips
+    # the weights on ranks > 0 once torch.distributed is up, which left a cache without weights, and every later
+    # run stopped on "No such file or directory: .../model.safetensors".
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    torch.multiprocessing.spawn(_warm_up_as_rank, args=(str(tmp_path), address), nprocs=2)
+    for rank in ("0", "1"):
+        (cache,) = (tmp_path / rank).iterdir()
+        assert (cache / "model.safetensors").is_file(), f"rank {rank} cached no weights"
+
+
+def test_a_cache_folder_without_weights_is_rebuilt(tokenizer, tmp_path):
+    task = EmbeddedTask()
+    warm_up(small_model(tokenizer), tokenizer, task, steps=1, batch_size=2, cache_dir=tmp_path, progress=False)
+    (cache,) = tmp_path.iterdir()
+    (cache / "model.safetensors").unlink()  # as the multi-process runs of ts_trl 0.1.0 could leave it
+    model = warm_up(small_model(tokenizer), tokenizer, task, steps=1, batch_size=2, cache_dir=tmp_path, progress=False)
+    assert [path.name for path in tmp_path.iterdir()] == [cache.name] and (cache / "model.safetensors").is_file()
+    reloaded = warm_up(small_model(tokenizer), tokenizer, task, steps=1, batch_size=2, cache_dir=tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+
+
 def test_pass_at_1_is_deterministic_per_seed_and_supports_greedy(tokenizer):
     model = small_model(tokenizer)
     _, held_out = EmbeddedTask().make_splits(0, 6)

@@ -86,3 +86,27 @@ def build_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def save_model_from_this_rank(model, folder) -> None:
+    """Writes a model built in memory (config and weights) to `folder` from this process, whatever its rank.
+
+    `save_pretrained` writes the weights on rank 0 only once torch.distributed is up, while every rank of a run needs
+    its own complete copy here: the warm-up cache that the first rank to finish renames into place, and the folder a
+    KL reference model is loaded from.
+    """
+    import copy
+
+    from safetensors.torch import save_file
+
+    config = copy.copy(model.config)
+    config.architectures = [type(model).__name__]  # what loaders (TRL's reference model) read to pick the class
+    config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    weights, stored = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in stored:  # a tied copy (the LM head of tied embeddings) is tied again on load
+            stored.add(tensor.data_ptr())
+            weights[name] = tensor.detach().contiguous()
+    save_file(weights, Path(folder) / "model.safetensors", metadata={"format": "pt"})

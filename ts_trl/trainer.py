@@ -32,7 +32,6 @@ is GRPO's group mean over the `num_generations` continuations of the same cut.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import json
@@ -43,7 +42,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import gather_object
-from safetensors.torch import save_file
 from transformers import LogitsProcessorList
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
@@ -67,6 +65,7 @@ from .snapshots import (
     sampling_settings,
     tokenizer_fingerprint,
 )
+from .tiny import save_model_from_this_rank
 
 PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
 
@@ -107,6 +106,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusal below.
+        _share_process_group_with_deepspeed()
         with _loadable_by_path(model, needed=args.beta != 0.0):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         if args.seed_method != "none":
@@ -741,6 +741,23 @@ class SeedGRPOTrainer(GRPOTrainer):
             return super()._push_from_checkpoint(checkpoint_folder)
 
 
+def _share_process_group_with_deepspeed() -> None:
+    """Lets DeepSpeed see the process group accelerate started, before TRL builds a ZeRO-3 KL reference model.
+
+    On GPUs accelerate starts the group through `deepspeed.comm`. With `use_cpu` it starts a plain gloo group, which
+    DeepSpeed's own communication layer does not know of until the policy is prepared. TRL loads the reference model
+    before that, under `deepspeed.zero.Init`, whose config then counts a world of 1 process and refuses the batch size
+    ("train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size"). Wrapping the running
+    group (DeepSpeed's `init_distributed` reuses it) makes ZeRO-3 on several CPU processes behave as on GPUs.
+    """
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true" or not torch.distributed.is_initialized():
+        return
+    from deepspeed import comm
+
+    if not comm.is_initialized():
+        comm.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+
+
 @contextlib.contextmanager
 def _loadable_by_path(model, needed: bool):
     """Gives a model built in memory a folder to be loaded from while TRL's constructor runs.
@@ -759,16 +776,7 @@ def _loadable_by_path(model, needed: bool):
         yield
         return
     with tempfile.TemporaryDirectory(prefix="ts_trl-reference-") as folder:
-        # Not `save_pretrained`: once torch.distributed is up it writes on rank 0 only, and every rank loads its own.
-        config = copy.copy(model.config)
-        config.architectures = [type(model).__name__]  # what TRL reads to pick the class to load
-        config.save_pretrained(folder)
-        weights, stored = {}, set()
-        for name, tensor in model.state_dict().items():
-            if tensor.data_ptr() not in stored:  # a tied copy (the LM head of tied embeddings) is tied again on load
-                stored.add(tensor.data_ptr())
-                weights[name] = tensor.detach().contiguous()
-        save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        save_model_from_this_rank(model, folder)  # every rank loads its own reference copy
         model.config._name_or_path = folder
         try:
             yield

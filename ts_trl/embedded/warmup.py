@@ -15,9 +15,10 @@ from tqdm.auto import tqdm
 
 from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
-from ts_trl.tiny import build_tiny_model, build_tokenizer
+from ts_trl.tiny import build_tiny_model, build_tokenizer, save_model_from_this_rank
 
 DEFAULT_MODEL_KWARGS = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "max_positions": 256, "seed": 0}
+WEIGHTS = "model.safetensors"  # a cache folder without it is not a cache (see `_save_atomically`)
 CACHE_VERSION = 1  # bump when the training loop changes, so old caches stop matching
 
 
@@ -66,7 +67,7 @@ def warm_up(
     }
     key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
-    if use_cache and path.is_dir():
+    if use_cache and (path / WEIGHTS).is_file():
         _load_weights(model, path)
         return model.eval()  # the same mode as a model fresh from `_train`
 
@@ -138,7 +139,7 @@ def _load_weights(model, path: Path) -> None:
     ZeRO-3 (`zero3_init_flag`) that would build a partitioned copy whose state dict holds empty tensors."""
     from safetensors.torch import load_file
 
-    missing, unexpected = model.load_state_dict(load_file(path / "model.safetensors"), strict=False)
+    missing, unexpected = model.load_state_dict(load_file(path / WEIGHTS), strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # not saved: it is the embedding
     if unexpected or set(missing) - tied:
         raise RuntimeError(
@@ -154,13 +155,16 @@ def _save_atomically(model, tokenizer, path: Path, settings: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        model.save_pretrained(temporary)
+        save_model_from_this_rank(model, temporary)  # not `save_pretrained`: it skips the weights on ranks > 0
         tokenizer.save_pretrained(temporary)
         (temporary / "warmup_settings.json").write_text(json.dumps(settings, indent=2, default=str))
+        if path.is_dir() and not (path / WEIGHTS).is_file():
+            # Torn by multi-process runs of ts_trl 0.1.0, whose ranks > 0 renamed a folder without weights into place.
+            shutil.rmtree(path, ignore_errors=True)
         os.rename(temporary, path)
     except OSError:
-        # A concurrent run that won the rename left an equivalent cache; any other failure is real.
-        if not path.is_dir():
+        # A concurrent run (another rank) that won the rename left an equivalent cache; any other failure is real.
+        if not (path / WEIGHTS).is_file():
             raise
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
