@@ -151,7 +151,7 @@ def test_real_recipes_load_local_data_of_the_same_schema(recipe, rows, expected,
     from ts_trl import SeedGRPOTrainer
 
     data = tmp_path / "data.parquet"
-    Dataset.from_list(rows).to_parquet(data)
+    Dataset.from_list(rows * 4).to_parquet(data)  # at least one generation's prompts (4 at the recipes' batch sizes)
     values = yaml.safe_load((RECIPES / recipe).read_text())
     overrides = ["--model_name_or_path", str(tiny_dir / "model"), "--dataset_path", str(data)]
     overrides += ["--use_vllm", "false", "--bf16", "false", "--use_cpu", "--output_dir", str(tmp_path / "run")]
@@ -515,16 +515,21 @@ def test_a_checkpoint_whose_shards_were_set_aside_stops_with_one_line(tiny_dir, 
 # The embedded default
 
 
+def _train_py_to_the_end(monkeypatch, argv) -> dict:
+    """Runs `train.py` in-process with a checkpoint every step; returns its report once it exited with status 0."""
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv, "--save_steps", "1"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    assert exit_info.value.code == 0
+    output_dir = Path(argv[argv.index("--output_dir") + 1])
+    return json.loads((output_dir / "report.json").read_text())
+
+
 def test_embedded_default_end_to_end_in_miniature(tmp_path, monkeypatch):
     """`train.py` with no model and no dataset, shrunk: warm-up, pass@1 before/after, seeds, cards, the report."""
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
     output_dir = tmp_path / "embedded"
-    argv = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "3", "--save_steps", "1"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
-    assert exit_info.value.code == 0
-    report = json.loads((output_dir / "report.json").read_text())
+    report = _train_py_to_the_end(monkeypatch, ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "3"])
     assert 0.0 <= report["held_out_pass@1_before"] <= 1.0 and 0.0 <= report["held_out_pass@1_after"] <= 1.0
     assert report["steps"] == 3 and report["seeds"]["rollouts"] == 24 and report["seeds"]["continuations"] > 0
     assert report["seeds"]["bank_size"] == 24  # the bank at the end, not the last logging window's mean
@@ -554,13 +559,9 @@ def test_the_on_policy_baseline_reports_itself_with_its_curve(tmp_path, monkeypa
     monkeypatch.setenv("TS_TRL_CACHE", str(_embedded_warm_cache(tmp_path)))
     output_dir = tmp_path / "on-policy"
     argv = ["--output_dir", str(output_dir), *EMBEDDED_SMALL, "--max_steps", "2", "--seed_method", "none"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
-    assert exit_info.value.code == 0
+    report = _train_py_to_the_end(monkeypatch, argv)
     output = capsys.readouterr().out
     assert "On-policy GRPO run finished" in output and "Thinking Seeds" not in output
-    report = json.loads((output_dir / "report.json").read_text())
     assert report["steps"] == 2 and Path(report["learning_curve"]) == output_dir / "learning_curve.png"
     assert str(output_dir / "learning_curve.png") in output
 
