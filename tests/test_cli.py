@@ -18,9 +18,13 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 from huggingface_hub import ModelCard
+from transformers import AutoModelForCausalLM
 
+from ts_trl.__main__ import main as ts_trl_main
+from ts_trl.analysis.common import load_checkpoint
 from ts_trl.data import load_training_data
 from ts_trl.rewards import get_reward_funcs
 from ts_trl.tiny import build_tiny_model, build_tokenizer
@@ -373,7 +377,7 @@ def test_two_cpu_processes_give_the_embedded_model_its_kl_reference(tmp_path):
     assert _first_kl(output_dir) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path):
+def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path, capsys):
     output_dir = tmp_path / "run"
     lora = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]  # r=4: the tiny model's hidden size is 64
     result = _launch(
@@ -389,6 +393,22 @@ def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path):
     assert len(rows) == 16 and all(len(r["logprobs"]) == len(r["completion_ids"]) for r in rows)
     card = (output_dir / "README.md").read_text()
     assert "peft" in card and "thinking-seeds" in card
+
+    # The analyses take such a checkpoint as they take a full one: the base model named in the adapter, merged.
+    merged, _ = load_checkpoint(output_dir / "checkpoint-2")
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir / "model")
+    changed = [n for n, w in merged.state_dict().items() if not torch.equal(w, base.state_dict()[n])]
+    assert changed and all("proj" in n for n in changed)  # LoRA's target modules, nothing else
+    positions = ["positions", "--seeds", str(output_dir), "--checkpoint", str(output_dir / "checkpoint-2")]
+    assert ts_trl_main([*positions, "--output-dir", str(tmp_path / "positions")]) == 0
+    assert (tmp_path / "positions" / "positions.csv").read_text().count("\n") > 1
+
+    adapter = json.loads((output_dir / "checkpoint-2" / "adapter_config.json").read_text())
+    (output_dir / "checkpoint-2" / "adapter_config.json").write_text(
+        json.dumps({**adapter, "base_model_name_or_path": None})
+    )
+    assert ts_trl_main([*positions, "--output-dir", str(tmp_path / "none")]) == 2
+    assert "base model was built in memory" in capsys.readouterr().err
 
 
 def test_two_cpu_processes_agree_on_every_draw(tiny_dir, tmp_path):

@@ -44,14 +44,38 @@ def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise InputError(f"{role} {str(path)!r} does not exist (expected a folder written by save_pretrained).")
-    if not (folder / "config.json").exists():
+    adapter = folder / "adapter_config.json"
+    if not (folder / "config.json").exists() and not adapter.exists():
         raise InputError(f"{role} {str(path)!r} has no config.json; point it at a checkpoint-<step> or model folder.")
     try:
         tokenizer = load_tokenizer(folder)
     except Exception as error:  # noqa: BLE001 - any failure means the same thing to the user
         raise InputError(f"{role} {str(path)!r} has no loadable tokenizer ({type(error).__name__}).") from error
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    return model, tokenizer
+    if (folder / "config.json").exists():
+        return AutoModelForCausalLM.from_pretrained(folder).eval(), tokenizer
+    return _merged_lora_checkpoint(folder, role, json.loads(adapter.read_text())), tokenizer
+
+
+def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
+    """A `--use_peft` checkpoint holds only the adapter: load its base model, apply the adapter and merge it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = adapter.get("base_model_name_or_path")
+    if not base:
+        raise InputError(
+            f"{role} {str(folder)!r} is a LoRA adapter whose base model was built in memory (the embedded default "
+            "with --use_peft), so it names no base to load it on. Train the embedded default without --use_peft to "
+            "analyse its checkpoints."
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base)
+    except OSError as error:
+        raise InputError(
+            f"{role} {str(folder)!r} is a LoRA adapter on {base!r}, which could not be loaded ({error}). Make that "
+            "model available locally (`hf download`), or run where the Hub can be reached."
+        ) from error
+    return PeftModel.from_pretrained(model, folder).merge_and_unload().eval()
 
 
 def write_csv(path, records: list[dict]) -> None:
