@@ -215,7 +215,7 @@ def test_a_cache_folder_without_weights_is_rebuilt(tokenizer, tmp_path):
     task = EmbeddedTask()
     warm_up(small_model(tokenizer), tokenizer, task, steps=1, batch_size=2, cache_dir=tmp_path, progress=False)
     (cache,) = tmp_path.iterdir()
-    (cache / "model.safetensors").unlink()  # as the multi-process runs of ts_trl 0.1.0 could leave it
+    (cache / "model.safetensors").unlink()  # as earlier multi-process runs could leave it
     model = warm_up(small_model(tokenizer), tokenizer, task, steps=1, batch_size=2, cache_dir=tmp_path, progress=False)
     assert [path.name for path in tmp_path.iterdir()] == [cache.name] and (cache / "model.safetensors").is_file()
     reloaded = warm_up(small_model(tokenizer), tokenizer, task, steps=1, batch_size=2, cache_dir=tmp_path)

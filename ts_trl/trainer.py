@@ -104,9 +104,9 @@ class SeedGRPOTrainer(GRPOTrainer):
             args = SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds")
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
+        _share_process_group_with_deepspeed()
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusal below.
-        _share_process_group_with_deepspeed()
         with _loadable_by_path(model, needed=args.beta != 0.0):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         if args.seed_method != "none":

@@ -159,7 +159,7 @@ def _save_atomically(model, tokenizer, path: Path, settings: dict) -> None:
         tokenizer.save_pretrained(temporary)
         (temporary / "warmup_settings.json").write_text(json.dumps(settings, indent=2, default=str))
         if path.is_dir() and not (path / WEIGHTS).is_file():
-            # Torn by multi-process runs of ts_trl 0.1.0, whose ranks > 0 renamed a folder without weights into place.
+            # Left by multi-process runs before this check: a rank > 0 renamed its folder, without weights, into place.
             shutil.rmtree(path, ignore_errors=True)
         os.rename(temporary, path)
     except OSError:
