@@ -18,7 +18,9 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   training forward's log-probs as behaviour log-probs when the backend returns none (no extra forward pass).
 - `train`: rebuilds the seed bank from the checkpoint's snapshot on resume.
 - `__init__`: with `beta != 0`, a model built in memory (no `_name_or_path`) is saved to a temporary folder while
-  TRL's constructor loads the KL reference model from it (`_loadable_by_path`).
+  TRL's constructor loads the KL reference model from it (`_loadable_by_path`); under DeepSpeed, the process group
+  accelerate started is handed to `deepspeed.comm` first (`_share_process_group_with_deepspeed`); a dataset smaller
+  than one generation is refused instead of training 0 steps.
 
 Everything else lives in its own module: which groups are seeded and where cut in `planning.py` (pure NumPy), cuts,
 splices and importance weights in `cutting.py`, and the bank with everything it persists (run id, manifest, shards,
@@ -124,8 +126,8 @@ class SeedGRPOTrainer(GRPOTrainer):
             external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
         if train_dataset is not None:
             self._check_one_generation_fits(train_dataset)
-        if args.seed_method != "none" and train_dataset is not None:
-            self._validate_dataset(train_dataset)
+            if args.seed_method != "none":
+                self._validate_dataset(train_dataset)
         if args.success_reward is not None and args.success_reward not in self.reward_func_names:
             raise ValueError(
                 f"success_reward={args.success_reward!r} is not one of the reward functions {self.reward_func_names}; "
