@@ -73,7 +73,14 @@ def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
 def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> dict:
     """Fills a bank of `size` rollouts, then samples from it and writes its snapshots; one process per size."""
     from ts_trl.bank import SeedBank
-    from ts_trl.snapshots import bank_file_name, rollouts_to_table, shard_name, write_bank_file, write_shard
+    from ts_trl.seed_data import (
+        SeedManifest,
+        bank_file_name,
+        rollouts_to_table,
+        shard_name,
+        write_bank_file,
+        write_shard,
+    )
 
     num_prompts = max(size // ROLLOUTS_PER_PROMPT, 1)
     checkpoint_rollouts = min(checkpoint_rollouts, size)
@@ -106,13 +113,15 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
     write_shard(warm_up, shard_dir / "warm-up.parquet")  # first-call costs of pyarrow's writer stay out of the timing
     (shard_dir / "warm-up.parquet").unlink()
     write_wall, write_cpu, shard_bytes = [], [], 0
+    manifest = SeedManifest(shard_dir, "bench", "tiny", "fingerprint")
     for index in range(num_checkpoints):
         rollouts = _checkpoint(index, checkpoint_rollouts, tokens, num_prompts)
         path = shard_dir / shard_name(index)
         wall, cpu = time.perf_counter(), time.process_time()
         table = rollouts_to_table(rollouts, f"checkpoint-{index}", "tiny", "fingerprint", ["synthetic"])
-        write_shard(table, path)
-        write_bank_file(table, shard_dir / bank_file_name(index))  # as `SeedStore.write_snapshot` does
+        checksum = write_shard(table, path)  # as `SeedStore.write_snapshot` does
+        manifest.record(index, table.num_rows, checksum, write_bank_file(table, shard_dir / bank_file_name(index)))
+        manifest.save()
         write_wall.append(time.perf_counter() - wall)
         write_cpu.append(time.process_time() - cpu)
         shard_bytes += path.stat().st_size
@@ -146,34 +155,38 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
     return stats | resume(shard_dir) | node(shard_dir, raw)
 
 
-def _shards(shard_dir: Path) -> list[dict]:
-    from ts_trl.snapshots import bank_file_name, shard_name
+def _manifest(shard_dir: Path):
+    from ts_trl.seed_data import SeedManifest
 
-    steps = sorted(int(p.stem.split("-")[1]) for p in shard_dir.glob("step-*.parquet"))
-    return [{"file": shard_name(step), "bank_file": bank_file_name(step)} for step in steps]
+    return SeedManifest.load(shard_dir)
 
 
 def resume(shard_dir: Path) -> dict:
-    """Times what a resumed run does (`SeedStore.start`): map the shards' bank files, fill a new bank from them.
+    """Times what a resumed run does (`SeedStore.start`): verify every file's checksum, map the shards' bank files,
+    fill a new bank from them.
 
     Also times the fallback for shards without a bank file: the bank columns read from the Parquet shards.
     """
     from ts_trl.bank import SeedBank
-    from ts_trl.snapshots import REQUIRED_COLUMNS, fill_bank, read_bank_tables, read_table
+    from ts_trl.seed_data import BANK_COLUMNS, read_bank_table, read_table, verify_shards
+    from ts_trl.snapshots import fill_bank
 
-    shards = _shards(shard_dir)
-    table, read_wall, read_cpu = _timed(read_bank_tables, shard_dir, shards)
+    manifest = _manifest(shard_dir)
+    problems, verify_wall, verify_cpu = _timed(verify_shards, manifest, manifest.shards)
+    assert not problems, problems
+    table, read_wall, read_cpu = _timed(read_bank_table, manifest, manifest.shards, VOCAB, problems)
     bank = SeedBank()
     _, fill_wall, fill_cpu = _timed(fill_bank, bank, table)
     rollouts = len(bank)
     del bank, table
-    parquet, parquet_read, _ = _timed(read_table, [shard_dir / s["file"] for s in shards], REQUIRED_COLUMNS)
+    parquet, parquet_read, _ = _timed(read_table, manifest.paths(), BANK_COLUMNS)
     _, parquet_fill, _ = _timed(fill_bank, SeedBank(), parquet)
     return {
+        "resume_verify_s": verify_wall,
         "resume_read_s": read_wall,
         "resume_fill_s": fill_wall,
-        "resume_s": read_wall + fill_wall,
-        "resume_cpu_s": read_cpu + fill_cpu,
+        "resume_s": verify_wall + read_wall + fill_wall,
+        "resume_cpu_s": verify_cpu + read_cpu + fill_cpu,
         "resume_rollouts": rollouts,
         "resume_parquet_s": parquet_read + parquet_fill,
     }
@@ -188,13 +201,15 @@ def _memory() -> dict:
 def rank(shard_dir: Path, rank_id: int, ranks: int) -> dict:
     """One rank of a node resuming the bank: memory before and after, every token read once, all ranks alive."""
     from ts_trl.bank import SeedBank
-    from ts_trl.snapshots import fill_bank, read_bank_tables
+    from ts_trl.seed_data import read_bank_table
+    from ts_trl.snapshots import fill_bank
 
-    shards = _shards(shard_dir)
-    fill_bank(SeedBank(), read_bank_tables(shard_dir, shards[:1]).slice(0, 8))  # first-use costs of the libraries
+    manifest = _manifest(shard_dir)
+    first = read_bank_table(manifest, manifest.shards[:1], problems={})
+    fill_bank(SeedBank(), first.slice(0, 8))  # first-use costs of the libraries
     before = _memory()
     bank = SeedBank()
-    fill_bank(bank, read_bank_tables(shard_dir, shards))
+    fill_bank(bank, read_bank_table(manifest, manifest.shards, problems={}))  # memory alone: checksums timed above
     bank.mark_snapshotted()
     touched = 0.0
     for ids, logps in bank._tokens.chunks:  # every page of the payload read once: the worst case for memory

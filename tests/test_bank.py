@@ -6,7 +6,7 @@ import pytest
 
 from ts_trl import SeedBank
 from ts_trl.bank import Rollout
-from ts_trl.snapshots import map_bank_file, rollouts_to_table, write_bank_file
+from ts_trl.seed_data import map_bank_file, rollouts_to_table, write_bank_file
 
 
 def _bank():

@@ -516,7 +516,7 @@ def test_ctrl_c_exits_130_and_its_resume_command_ends_with_the_uninterrupted_ban
 
 def test_a_checkpoint_whose_shards_were_set_aside_stops_with_one_line(tiny_dir, tmp_path, monkeypatch, capsys):
     """Resuming from a checkpoint whose seeds another run moved to seeds/superseded/: one line, nothing touched."""
-    from ts_trl.snapshots import SeedManifest
+    from ts_trl.seed_data import SeedManifest
 
     output_dir = tmp_path / "run"
     (output_dir / "checkpoint-2").mkdir(parents=True)

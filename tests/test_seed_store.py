@@ -137,9 +137,10 @@ def test_success_reward_must_name_a_reward_function(make_trainer):
         make_trainer(reward=[correct, format_bonus], success_reward="math")
 
 
-def test_unsnapshotted_rollouts_are_kept_compact(tmp_path):
+def test_unsnapshotted_rollouts_are_kept_compact(tmp_path, tokenizer, tiny_model):
     """The buffer of rollouts waiting for the next shard costs about what the shard does, not Python lists."""
-    store = SeedStore(tmp_path, Accelerator(cpu=True), "tiny", "fp", ["r"])
+    args = SeedGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    store = SeedStore(args, Accelerator(cpu=True), tiny_model, tokenizer, ["r"])
     store.start(None)
     tokens, rows = 2000, 64
     rng = np.random.default_rng(0)

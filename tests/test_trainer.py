@@ -13,7 +13,8 @@ from trl import GRPOConfig, GRPOTrainer
 from tests.conftest import tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
-from ts_trl.snapshots import PendingRollout, rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.seed_data import rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.snapshots import PendingRollout
 
 
 def _rows(output_dir) -> list[dict]:
@@ -304,7 +305,7 @@ def test_invariant_8_crash_mid_write_leaves_previous_snapshot(make_trainer, monk
         Path(where).write_bytes(b"PAR1 torn")
         raise KeyboardInterrupt("simulated crash while writing a shard")
 
-    monkeypatch.setattr("ts_trl.snapshots.pq.write_table", crash)
+    monkeypatch.setattr("ts_trl.seed_data.pq.write_table", crash)
     trainer.seed_store.pending = [
         PendingRollout(Rollout("x", "p", "prompt", "c", [5, 6], (), 0.0, step=6), np.zeros(0))
     ]

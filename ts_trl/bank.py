@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from .seed_data import BANK_COLUMNS
+
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 REJECTION_ROUNDS = 4  # draws per prompt before `SeedBank.sample` looks at all of its candidates
 EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
-TABLE_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")  # what `add_table` reads
 _HASH_TAIL = 4096  # rollout-id hashes kept unsorted before they are merged into the sorted index
 
 
@@ -322,7 +323,7 @@ class SeedBank:
         """
         if table is None or table.num_rows == 0:
             return
-        for batch in table.select(list(TABLE_COLUMNS)).to_batches():
+        for batch in table.select(list(BANK_COLUMNS)).to_batches():
             if batch.num_rows == 0:
                 continue
             ids_column, logps_column = batch.column("completion_ids"), batch.column("logprobs")
@@ -352,10 +353,9 @@ class SeedBank:
         those token ids are freed and every rank reads the one copy in the page cache.
         """
         first = self.num_snapshotted
-        ids = table.column("rollout_id").to_pylist()
-        if ids != self.rollout_ids[first:]:
+        if table.column("rollout_id").to_pylist() != self._rollout_ids(first):  # the new rows only: O(snapshot)
             raise ValueError(
-                f"The snapshot holds {len(ids)} rollouts that are not the {len(self) - first} this bank added since "
+                f"The snapshot holds {table.num_rows} rollouts that are not the {len(self) - first} this bank added since "
                 "its last snapshot; it belongs to another run or step."
             )
         token_addresses, id_addresses = [], []
@@ -461,7 +461,11 @@ class SeedBank:
     @property
     def rollout_ids(self) -> list[str]:
         """Every rollout id, in bank order (built on demand: the bank itself keeps no per-rollout strings)."""
-        return [row[0].tobytes().decode() for row in self._id_text.rows(self._id_address.values)]
+        return self._rollout_ids(0)
+
+    def _rollout_ids(self, first: int) -> list[str]:
+        """The ids of rollouts `first` onwards, decoded."""
+        return [row[0].tobytes().decode() for row in self._id_text.rows(self._id_address.values[first:])]
 
     # ----------------------------------------------------------------------------------------------------------------
     # Reading and sampling

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -11,6 +10,7 @@ from pathlib import Path
 from huggingface_hub import DatasetCard, DatasetCardData, ModelCard, ModelCardData
 
 from .resources import packaged_file
+from .seed_data import SEED_COLUMNS, SeedManifest, column_type_name
 
 MODEL_CARD_TEMPLATE = "model_card.md.j2"
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -54,23 +54,6 @@ TRL_CITATION = """\
     url     = {https://github.com/huggingface/trl},
     year    = {2020}
 }"""
-
-# (column, Arrow type, meaning) of a seed dataset, in shard order; `reward_<name>` columns go after `reward`.
-SEED_COLUMNS = (
-    ("rollout_id", "string", "Unique id of the rollout."),
-    ("prompt_id", "string", "Stable id of the prompt (a hash of it unless the training set had one)."),
-    ("prompt", "string", "The prompt; JSON text of the messages for conversational prompts."),
-    ("completion", "string", "The decoded response: seed prefix (if any) followed by the generated continuation."),
-    ("completion_ids", "list<int32>", "Token ids of the response."),
-    ("logprobs", "list<float32>", "Per-token log-probs of the policy that produced each token (behaviour policy)."),
-    ("reward", "float32", "Total reward of the whole response."),
-    ("step", "int32", "Training step at which the rollout was generated."),
-    ("checkpoint", "string", "The checkpoint folder whose snapshot holds the row, e.g. `checkpoint-100`."),
-    ("prefix_len", "int32", "Number of leading tokens copied from a seed (0 for a rollout from the prompt alone)."),
-    ("seed_origin", "string (nullable)", "`rollout_id` of the seed the prefix was cut from."),
-    ("model", "string", "The model that was trained."),
-    ("tokenizer", "string", "Fingerprint of the tokenizer's vocabulary."),
-)
 
 
 def template_path(name: str) -> Path:
@@ -161,9 +144,9 @@ def render_dataset_card(
         configs=dataset_configs(LOCAL_SHARDS if local else HUB_SHARDS),
     )
     columns = []
-    for name, arrow_type, meaning in SEED_COLUMNS:
-        columns.append((name, arrow_type, meaning))
-        if name == "reward":
+    for column in SEED_COLUMNS:
+        columns.append((column.name, column_type_name(column), column.meaning))
+        if column.name == "reward":
             columns += [
                 (column, "float32", f"Reward of the `{column.removeprefix('reward_')}` reward function.")
                 for column in reward_columns
@@ -198,12 +181,10 @@ def dataset_card_for_shard(
     shard_path = Path(shard_path)
     schema = pq.read_schema(shard_path)
     reward_columns = [name for name in schema.names if name.startswith("reward_")]
-    manifest_path = shard_path.parent / "manifest.json"
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
-        shards = manifest.get("shards", [])
-        model, tokenizer = manifest.get("model", "unknown"), manifest.get("tokenizer", "unknown")
-        steps, num_rows = [entry["step"] for entry in shards], sum(entry["rows"] for entry in shards)
+    manifest = SeedManifest.load(shard_path.parent)
+    if manifest is not None:
+        model, tokenizer = manifest.model, manifest.tokenizer
+        steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
     else:  # a shard handed over without its manifest: describe that shard alone
         first = pq.read_table(shard_path, columns=[c for c in ("model", "tokenizer", "step") if c in schema.names])
         row = first.slice(0, 1).to_pylist()[0] if first.num_rows else {}

@@ -52,6 +52,9 @@ class SeedGRPOConfig(GRPOConfig):
         seed_dataset (`str`, *optional*):
             A seed dataset to start from: the output directory of an earlier run, its `seeds/` folder, or Parquet
             shards. Must come from a tokenizer with the same vocabulary.
+        seed_dataset_same_tokenizer (`bool`, *optional*, defaults to `False`):
+            Accept `seed_dataset` rows that carry no tokenizer fingerprint, as made by this run's tokenizer. Without it
+            such rows are refused: another tokenizer's ids would be trained on as other text.
         replay_per_group (`int`, *optional*, defaults to `1`):
             With `seed_method="replay"`: how many of a group's `num_generations` slots are filled by old rollouts.
         success_reward (`str`, *optional*):
@@ -113,6 +116,10 @@ class SeedGRPOConfig(GRPOConfig):
     )
     seed_dataset: str | None = field(
         default=None, metadata={"help": "Seed dataset to start from: a run's output_dir, its seeds/ folder or shards."}
+    )
+    seed_dataset_same_tokenizer: bool = field(
+        default=False,
+        metadata={"help": "Accept seed_dataset rows without a tokenizer fingerprint as this tokenizer's token ids."},
     )
     replay_per_group: int = field(
         default=1, metadata={"help": "seed_method='replay': group slots filled by old rollouts."}

@@ -1,75 +1,56 @@
-"""The seed dataset on disk: Parquet shards written atomically at each checkpoint, a manifest, and their loading.
+"""The seed store: a run's bank and what it persists (run id, shards, checkpoint pointers, Hub pushes), and resume.
 
-Layout of a run's output directory::
+The on-disk format (schema, manifest, checksums, atomic writes, reading) is `seed_data`'s. A checkpoint folder knows
+the shards its bank held::
 
-    seeds/manifest.json            run id, model, tokenizer fingerprint, and the list of shards
-    seeds/step-000100.parquet      the rollouts generated since the previous snapshot, one row each
-    checkpoint-100/seed_snapshot.json   which shards (and how many rows) the bank held at that checkpoint
-
-A shard is written to a temporary file, flushed and renamed, then the manifest is replaced the same way, so a crash
-at any moment leaves either the previous or the new snapshot readable, never a torn one.
+    checkpoint-100/seed_snapshot.json   run id, step, the manifest entries of the shards up to step 100, planner state
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
+import re
 import secrets
-import shutil
 import signal
 import sys
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .bank import TABLE_COLUMNS, Rollout, SeedBank
+from .bank import Rollout, SeedBank
+from .seed_data import (
+    BANK_DIR,
+    SEEDS_DIR,
+    SeedManifest,
+    atomic_write_bytes,
+    atomic_write_json,
+    bank_file_name,
+    load_seed_table,
+    map_bank_file,
+    read_bank_table,
+    remove_stale_temporaries,
+    rollouts_to_table,
+    shard_name,
+    tokenizer_fingerprint,
+    verify_shards,
+    with_sampling_metadata,
+    write_bank_file,
+    write_shard,
+)
 
 logger = logging.getLogger(__name__)
 HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
-
-SEEDS_DIR = "seeds"
-MANIFEST = "manifest.json"
 CHECKPOINT_POINTER = "seed_snapshot.json"
-BANK_DIR = "bank"  # seeds/bank/step-XXXXXX.arrow: memory-mappable copies of the shards' bank columns
-MANIFEST_FORMAT = 1
-SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
-REQUIRED_COLUMNS = TABLE_COLUMNS
-
-
-def shard_name(step: int) -> str:
-    return f"step-{step:06d}.parquet"
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A short hash of the vocabulary (token -> id), equal for tokenizers that map text to the same ids."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes `data` to `path` through a flushed temporary file and a rename, so readers never see a partial file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, payload: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+SHARD_IDENTITY = ("file", "step", "rows", "sha256")  # what a checkpoint pointer and the manifest must agree on
 
 
 def sampling_settings(args, use_vllm: bool) -> dict:
@@ -96,161 +77,7 @@ def sampling_settings(args, use_vllm: bool) -> dict:
     }
 
 
-def rollouts_to_table(
-    rollouts: Sequence[Rollout],
-    checkpoint: str,
-    model: str,
-    tokenizer: str,
-    reward_names: Sequence[str],
-    sampling: dict | None = None,
-) -> pa.Table:
-    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects).
-
-    `sampling` (see `sampling_settings`) goes into the table's metadata.
-    """
-    lengths = np.fromiter((len(r.completion_ids) for r in rollouts), dtype=np.int32, count=len(rollouts))
-    offsets = np.zeros(len(rollouts) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat_ids = np.concatenate([np.asarray(r.completion_ids, np.int32) for r in rollouts] or [np.zeros(0, np.int32)])
-    flat_logps = np.concatenate([np.asarray(r.logprobs, np.float32) for r in rollouts] or [np.zeros(0, np.float32)])
-    columns = {
-        "rollout_id": pa.array([r.rollout_id for r in rollouts], pa.string()),
-        "prompt_id": pa.array([r.prompt_id for r in rollouts], pa.string()),
-        "prompt": pa.array([r.prompt for r in rollouts], pa.string()),
-        "completion": pa.array([r.completion for r in rollouts], pa.string()),
-        "completion_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
-        "logprobs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_logps)),
-        "reward": pa.array([r.reward for r in rollouts], pa.float32()),
-    }
-    for name in reward_names:
-        columns[f"reward_{name}"] = pa.array([r.rewards.get(name) for r in rollouts], pa.float32())
-    columns |= {
-        "step": pa.array([r.step for r in rollouts], pa.int32()),
-        "checkpoint": pa.array([checkpoint] * len(rollouts), pa.string()),
-        "prefix_len": pa.array([r.prefix_len for r in rollouts], pa.int32()),
-        "seed_origin": pa.array([r.seed_origin for r in rollouts], pa.string()),
-        "model": pa.array([model] * len(rollouts), pa.string()),
-        "tokenizer": pa.array([tokenizer] * len(rollouts), pa.string()),
-    }
-    return with_sampling_metadata(pa.table(columns), sampling)
-
-
-def with_sampling_metadata(table: pa.Table, sampling: dict | None) -> pa.Table:
-    """`table` carrying `sampling` (see `sampling_settings`) in its Parquet metadata; unchanged when None."""
-    if not sampling:
-        return table
-    return table.replace_schema_metadata({SAMPLING_METADATA_KEY: json.dumps(sampling, sort_keys=True).encode()})
-
-
-def write_shard(table: pa.Table, path: Path) -> None:
-    """Writes one shard atomically (temporary file, fsync, rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class SeedManifest:
-    """The list of shards of a run's seed dataset (`seeds/manifest.json`), replaced atomically on every change."""
-
-    def __init__(self, seeds_dir: Path, run_id: str, model: str, tokenizer: str, shards: list[dict] | None = None):
-        self.seeds_dir = Path(seeds_dir)
-        self.run_id, self.model, self.tokenizer = run_id, model, tokenizer
-        self.shards = shards or []
-
-    @classmethod
-    def load(cls, seeds_dir: Path) -> SeedManifest | None:
-        path = Path(seeds_dir) / MANIFEST
-        if not path.exists():
-            return None
-        payload = json.loads(path.read_text())
-        return cls(seeds_dir, payload["run_id"], payload["model"], payload["tokenizer"], payload["shards"])
-
-    def save(self) -> None:
-        payload = {
-            "format": MANIFEST_FORMAT,
-            "run_id": self.run_id,
-            "model": self.model,
-            "tokenizer": self.tokenizer,
-            "shards": self.shards,
-        }
-        atomic_write_json(self.seeds_dir / MANIFEST, payload)
-
-    def record(self, file: str, step: int, rows: int, bank_file: str | None = None) -> None:
-        entry = {"file": file, "step": step, "rows": rows} | ({"bank_file": bank_file} if bank_file else {})
-        self.shards = [s for s in self.shards if s["file"] != file] + [entry]
-        self.shards.sort(key=lambda s: s["step"])
-
-    def paths(self, max_step: int | None = None) -> list[Path]:
-        return [self.seeds_dir / s["file"] for s in self.shards if max_step is None or s["step"] <= max_step]
-
-    def set_aside_after(self, step: int) -> list[str]:
-        """Moves the shards of steps after `step` (an abandoned branch of a resumed run) to `seeds/superseded/`.
-
-        They are kept, never deleted: a resumed run writes new shards under the same names.
-        """
-        later = [s for s in self.shards if s["step"] > step]
-        if not later:
-            return []
-        target = self.seeds_dir / "superseded" / time.strftime("%Y%m%d-%H%M%S")
-        target.mkdir(parents=True, exist_ok=True)
-        for s in later:
-            for name in (s["file"], s.get("bank_file")):
-                if name and (self.seeds_dir / name).exists():
-                    (target / name).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.move(self.seeds_dir / name, target / name)
-        self.shards = [s for s in self.shards if s["step"] <= step]
-        self.save()
-        return [s["file"] for s in later]
-
-
-def bank_file_name(step: int) -> str:
-    return f"{BANK_DIR}/step-{step:06d}.arrow"
-
-
-def write_bank_file(table: pa.Table, path: Path) -> None:
-    """Writes the columns the seed bank reads as an uncompressed Arrow IPC file, atomically, for memory-mapping.
-
-    The Parquet shard stays the seed dataset; this file is a local cache of it that every rank on the node maps, so
-    the node holds one copy of the token ids in the page cache instead of one per rank.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    table = table.select(_bank_columns(table.column_names))
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def map_bank_file(path: Path) -> pa.Table:
-    """The bank columns of a snapshot, memory-mapped: reading them touches the page cache, not this process's heap."""
-    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-
-
-def read_bank_tables(seeds_dir: Path, shards: Sequence[dict]) -> pa.Table | None:
-    """The bank columns of `shards`: from their memory-mapped Arrow files where present, else from the Parquet."""
-    tables = []
-    for shard in shards:
-        bank_file = Path(seeds_dir) / shard["bank_file"] if shard.get("bank_file") else None
-        if bank_file is not None and bank_file.exists():
-            tables.append(map_bank_file(bank_file))
-        else:
-            path = Path(seeds_dir) / shard["file"]
-            tables.append(pq.read_table(path, columns=_bank_columns(pq.read_schema(path).names)))
-    return pa.concat_tables(tables, promote_options="default") if tables else None
-
-
-def read_table(paths: Sequence[Path], columns: Sequence[str] | None = None) -> pa.Table | None:
-    tables = [pq.read_table(p, columns=None if columns is None else list(columns)) for p in paths]
-    return pa.concat_tables(tables, promote_options="default") if tables else None
-
-
-def fill_bank(bank: SeedBank, table: pa.Table, external: bool = False) -> None:
+def fill_bank(bank: SeedBank, table: pa.Table | None, external: bool = False) -> None:
     """Adds every row of a seed-dataset table to `bank`, column by column (the token buffers are not copied).
 
     The success reward's own column is the bank's reward where the dataset has it (a ts_trl run's shards do), else the
@@ -262,56 +89,6 @@ def fill_bank(bank: SeedBank, table: pa.Table, external: bool = False) -> None:
     if bank.success_reward and success_column in table.column_names:
         table = table.set_column(table.schema.get_field_index("reward"), "reward", table.column(success_column))
     bank.add_table(table, external=external)
-
-
-def _bank_columns(names: Sequence[str]) -> list[str]:
-    """The columns the bank reads: its own and the per-function rewards (one may be the success reward)."""
-    return [n for n in names if n in TABLE_COLUMNS or n.startswith("reward_")]
-
-
-def resolve_seed_dataset(path: str | os.PathLike) -> list[Path]:
-    """The Parquet shards of a local seed dataset: a run directory, its `seeds/` folder, a folder or one file."""
-    path = Path(path).expanduser()
-    if path.is_file():
-        return [path]
-    for seeds_dir in (path / SEEDS_DIR, path):
-        manifest = SeedManifest.load(seeds_dir)
-        if manifest is not None:
-            return manifest.paths()
-    files = sorted(path.glob("**/*.parquet")) if path.is_dir() else []
-    files = [f for f in files if "superseded" not in f.parts and not f.name.startswith(".")]
-    if not files:
-        raise ValueError(
-            f"seed_dataset={str(path)!r} holds no seed dataset: expected a run directory with seeds/manifest.json, a "
-            "folder of Parquet shards, or a .parquet file. Pass the output_dir of an earlier run, or its seeds/ folder."
-        )
-    return files
-
-
-def load_seed_table(path: str | os.PathLike, tokenizer_fp: str, vocab_size: int) -> pa.Table:
-    """Reads a seed dataset and checks that it fits this run: required columns, same tokenizer, ids in the vocab."""
-    table = read_table(resolve_seed_dataset(path))
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-    if missing:
-        raise ValueError(
-            f"seed_dataset={str(path)!r} lacks the column(s) {missing}; a seed dataset needs {list(REQUIRED_COLUMNS)}. "
-            "Point seed_dataset at the seeds written by a ts_trl run."
-        )
-    if "tokenizer" in table.column_names:
-        found = set(table.column("tokenizer").unique().to_pylist()) - {None}
-        if found and found != {tokenizer_fp}:
-            raise ValueError(
-                f"seed_dataset={str(path)!r} was made with a tokenizer of another vocabulary (fingerprint "
-                f"{sorted(found)}, this run's is {tokenizer_fp!r}); its token ids would mean other text. Seed from a "
-                "dataset made with the same tokenizer, or leave seed_dataset unset."
-            )
-    flat = table.column("completion_ids").combine_chunks().values.to_numpy(zero_copy_only=False)
-    if len(flat) and (flat.min() < 0 or flat.max() >= vocab_size):
-        raise ValueError(
-            f"seed_dataset={str(path)!r} holds token ids outside this tokenizer's vocabulary (size {vocab_size}); it "
-            "comes from another tokenizer. Seed from a dataset made with the same tokenizer."
-        )
-    return table
 
 
 @dataclass
@@ -331,49 +108,63 @@ class PendingRollout:
         return Rollout(**{**self.rollout.__dict__, "logprobs": logprobs})
 
 
+@dataclass
+class Resume:
+    """What resuming from a checkpoint restores: the shards its bank held (manifest entries) and the planner state."""
+
+    checkpoint: Path
+    step: int
+    manifest: SeedManifest
+    shards: list[dict]
+    state: dict = field(default_factory=dict)
+
+
 class SeedStore:
     """Everything a seeded run persists, behind one object: the bank, run id, manifest, shards, pointers, Hub pushes.
 
     The trainer owns it and hands it rollouts; `SeedSnapshotCallback` tells it when to write. All ranks hold the
-    same bank; only the main process writes files and pushes to the Hub.
+    same bank; only the main process writes files and pushes to the Hub. Settings come from the run's
+    `SeedGRPOConfig`; `seed_dataset` is read and checked here, at construction.
     """
 
     def __init__(
         self,
-        output_dir: str | os.PathLike,
+        args,
         accelerator,
-        model_name: str,
-        tokenizer_fp: str,
-        reward_names: Sequence[str],
-        external_seeds: pa.Table | None = None,
-        hub_dataset_id: str | None = None,
-        hub_token: str | None = None,
-        hub_private: bool | None = None,
-        metrics: dict | None = None,
-        card_license: str | None = None,
-        trained_model_id: str | None = None,
+        model,
+        tokenizer,
+        reward_names: list[str],
         success_reward: str | None = None,
-        success_threshold: float = 0.0,
-        snapshot_steps: int | None = None,
-        sampling: dict | None = None,
+        metrics: dict | None = None,
+        use_vllm: bool = False,
     ):
-        self.output_dir = Path(output_dir)
+        self.output_dir = Path(args.output_dir)
         self.accelerator = accelerator
-        self.model_name, self.tokenizer_fp, self.reward_names = model_name, tokenizer_fp, list(reward_names)
-        self.external_seeds = external_seeds
-        self.sampling = sampling  # written into every shard's metadata
+        self.model_name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.tokenizer_fp, self.reward_names = tokenizer_fingerprint(tokenizer), list(reward_names)
+        # Ids the model can emit: its embedding rows may outnumber the tokenizer's entries (padded vocabularies).
+        self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
+        self.external_seeds = None
+        if args.seed_dataset is not None:
+            self.external_seeds = load_seed_table(
+                local_seed_dataset(args.seed_dataset),
+                self.tokenizer_fp,
+                len(tokenizer),
+                assume_same_tokenizer=args.seed_dataset_same_tokenizer,
+            )
+        self.sampling = sampling_settings(args, use_vllm)  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
-        self.card_license, self.trained_model_id = card_license, trained_model_id
-        self.hub_dataset_id = hub_dataset_id
-        self.success = (success_reward, success_threshold)
-        self.snapshot_steps = snapshot_steps
+        self.card_license = args.card_license
+        self.trained_model_id = args.hub_model_id if args.push_to_hub else None
+        self.hub_dataset_id = args.hub_seed_dataset_id if args.push_seeds_to_hub else None
+        self.success = (success_reward, args.success_threshold)
+        self.snapshot_steps = args.seed_snapshot_steps
         # What else a checkpoint must keep for a resumed run to plan as the uninterrupted one (the planner's
         # statistics): `checkpoint_state()` is written into each checkpoint pointer, read back as `resumed_state`.
         self.checkpoint_state = dict
         self.resumed_state: dict = {}
         self.bank = SeedBank(*self.success)
-        if external_seeds is not None:
-            fill_bank(self.bank, external_seeds, external=True)
+        fill_bank(self.bank, self.external_seeds, external=True)
         self.run_id: str | None = None
         self.manifest: SeedManifest | None = None
         self.pending: list[PendingRollout] = []  # this rank's rollouts waiting for their behaviour log-probs
@@ -381,49 +172,42 @@ class SeedStore:
         # ~8 bytes a token plus the text) rather than Python lists (~36 bytes a token).
         self.unsnapshotted: list[pa.Table] = []
         self.pusher = None
-        if hub_dataset_id is not None and accelerator.is_main_process:
+        if self.hub_dataset_id is not None and accelerator.is_main_process:
             from .hub import SeedHubPusher
 
-            self.pusher = SeedHubPusher(hub_dataset_id, token=hub_token, private=hub_private)
+            private = args.hub_private_repo if args.hub_seeds_private is None else args.hub_seeds_private
+            self.pusher = SeedHubPusher(self.hub_dataset_id, token=args.hub_token, private=private)
             self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
 
     @property
     def seeds_dir(self) -> Path:
         return self.output_dir / SEEDS_DIR
 
-    def start(self, checkpoint: str | None) -> None:
+    def start(self, checkpoint: str | os.PathLike | None) -> None:
         """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
         accelerator = self.accelerator
         self.bank = SeedBank(*self.success)
         self.pending, self.unsnapshotted, self.resumed_state = [], [], {}
-        if self.external_seeds is not None:
-            fill_bank(self.bank, self.external_seeds, external=True)
-        manifest = SeedManifest.load(self.seeds_dir)
+        fill_bank(self.bank, self.external_seeds, external=True)
+        if accelerator.is_main_process:  # the one writer, before it writes: what a killed writer left is stale
+            folders = [self.seeds_dir, self.seeds_dir / BANK_DIR, *self.output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")]
+            for path in remove_stale_temporaries(folders):
+                logger.info(f"Removed {path}, left by a write that did not finish.")
         if checkpoint is not None:
-            step = checkpoint_step(checkpoint)
-            self.resume_shards(checkpoint)  # stops with one line when this folder lacks the checkpoint's shards
-            pointer = Path(checkpoint) / CHECKPOINT_POINTER
-            if pointer.exists():
-                payload = json.loads(pointer.read_text())
-                shards = payload["shards"]
-                self.resumed_state = payload.get("state", {})
-            else:  # crashed between the shard and the pointer: the shard of this step is on disk already
-                shards = [s for s in manifest.shards if s["step"] <= step]
-                logger.warning(
-                    f"{pointer} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
-                    "of seed_selection='passrate' start afresh."
-                )
-            fill_bank(self.bank, read_bank_tables(self.seeds_dir, shards))
+            resume = self.check_resume(checkpoint)
+            fill_bank(self.bank, self._read_bank(resume))
             self.bank.mark_snapshotted()
-            run_id = manifest.run_id
+            self.resumed_state = resume.state
+            manifest, run_id = resume.manifest, resume.manifest.run_id
             accelerator.wait_for_everyone()  # every rank has read the shards before any is set aside
             if accelerator.is_main_process:
-                moved = manifest.set_aside_after(step)
+                moved = manifest.set_aside_after(resume.step)
                 if moved:
-                    logger.warning(f"Resuming at step {step}: later shards {moved} moved to seeds/superseded/.")
+                    logger.warning(f"Resuming at step {resume.step}: later shards {moved} moved to seeds/superseded/.")
         else:
             run_id = secrets.token_hex(4)
-            if accelerator.is_main_process and manifest is not None:
+            manifest = SeedManifest.load(self.seeds_dir) if accelerator.is_main_process else None
+            if manifest is not None:
                 moved = manifest.set_aside_after(-1)
                 logger.warning(
                     f"{self.seeds_dir} held the seeds of an earlier run ({len(moved)} shards); they were moved to "
@@ -438,25 +222,39 @@ class SeedStore:
                 manifest.save()
             self.manifest = manifest
 
-    def resume_shards(self, checkpoint: str | os.PathLike) -> list[Path]:
+    def check_resume(self, checkpoint: str | os.PathLike) -> Resume:
         """The shards that rebuild the bank `checkpoint` saw; a one-line `ValueError` when this folder lacks them.
 
         A checkpoint records its run id and shards (`seed_snapshot.json`). They are gone from `seeds/` when another
         run started in the folder later, or a resume from an earlier checkpoint set them aside: the bank could then
-        not be rebuilt exactly, so resuming stops (the shards are still in `seeds/superseded/`, never deleted).
+        not be rebuilt exactly, so resuming stops (the shards are still in `seeds/superseded/`, never deleted). Whether
+        the files themselves are whole is checked when they are read (`start`).
         """
+        checkpoint = Path(checkpoint)
         manifest = SeedManifest.load(self.seeds_dir)
         if manifest is None:
             raise ValueError(
                 f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
                 "in the output_dir of the run that wrote it, or start a new run."
             )
-        pointer_path = Path(checkpoint) / CHECKPOINT_POINTER
+        if manifest.tokenizer != self.tokenizer_fp:
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: its seeds were made with a tokenizer of another vocabulary "
+                f"(fingerprint {manifest.tokenizer!r}, this run's is {self.tokenizer_fp!r}). Resume with the run's own "
+                "tokenizer."
+            )
+        step = checkpoint_step(checkpoint)
+        pointer_path = checkpoint / CHECKPOINT_POINTER
         if not pointer_path.exists():  # crashed between the shard and the pointer: the shard is on disk already
-            return manifest.paths(max_step=checkpoint_step(checkpoint))
+            logger.warning(
+                f"{pointer_path} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
+                "of seed_selection='passrate' start afresh."
+            )
+            return Resume(checkpoint, step, manifest, [s for s in manifest.shards if s["step"] <= step])
         pointer = json.loads(pointer_path.read_text())
         current = {s["file"]: s for s in manifest.shards}
-        missing = [s["file"] for s in pointer["shards"] if current.get(s["file"]) != s]
+        identity = [{k: s.get(k) for k in SHARD_IDENTITY} for s in pointer["shards"]]
+        missing = [s["file"] for s in identity if {k: current.get(s["file"], {}).get(k) for k in SHARD_IDENTITY} != s]
         if pointer.get("run_id") != manifest.run_id or missing:
             why = (
                 f"it belongs to run {pointer.get('run_id')}, but {self.seeds_dir} now holds run {manifest.run_id}'s seeds"
@@ -467,7 +265,22 @@ class SeedStore:
                 f"Cannot resume from {checkpoint}: {why} (a later run or resume moved them to seeds/superseded/). "
                 f"Resume from a checkpoint of the run in {self.seeds_dir}, or start a new run in another output_dir."
             )
-        return [self.seeds_dir / s["file"] for s in pointer["shards"]]
+        shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
+        return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
+
+    def _read_bank(self, resume: Resume) -> pa.Table | None:
+        """The bank columns of a resume's shards, each from a whole copy. The main process checks the checksums and
+        every rank reads what it found whole, so that all ranks take the same copies or stop with the same line."""
+        accelerator = self.accelerator
+        problems = verify_shards(resume.manifest, resume.shards) if accelerator.is_main_process else None
+        if accelerator.num_processes > 1:
+            problems = broadcast_object_list([problems])[0]
+        table = read_bank_table(
+            resume.manifest, resume.shards, self.vocab_size, problems, repair=accelerator.is_main_process
+        )
+        if accelerator.is_main_process and problems:
+            resume.manifest.save()  # a rewritten .arrow file's new checksum
+        return table
 
     def add_pending(self, pending: PendingRollout) -> int:
         """Queues a local rollout until the training forward fills its log-probs; returns its row in the queue."""
@@ -504,9 +317,9 @@ class SeedStore:
             table = table.set_column(column, "checkpoint", pa.array([checkpoint] * table.num_rows, pa.string()))
             table = with_sampling_metadata(table, self.sampling)
             path = self.seeds_dir / shard_name(step)
-            write_shard(table, path)
-            write_bank_file(table, self.seeds_dir / bank_file_name(step))
-            self.manifest.record(path.name, step, table.num_rows, bank_file_name(step))
+            checksum = write_shard(table, path)
+            bank_checksum = write_bank_file(table, self.seeds_dir / bank_file_name(step))
+            self.manifest.record(step, table.num_rows, checksum, bank_checksum)
             self.manifest.save()
             self.unsnapshotted = []
             self.write_dataset_card(path)
@@ -572,13 +385,37 @@ def local_seed_dataset(seed_dataset: str) -> str | Path:
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:
-    state = Path(checkpoint) / "trainer_state.json"
+    state = Path(checkpoint) / TRAINER_STATE_NAME
     if state.exists():
         return int(json.loads(state.read_text())["global_step"])
     name = Path(checkpoint).name
     if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
         return int(name.rsplit("-", 1)[1])
     raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str:
+    """The newest `checkpoint-<step>` folder in `output_dir` that was written to the end; what `resume=True` means.
+
+    Transformers writes `trainer_state.json` last, so a folder without it is a save that a crash cut short (often
+    empty): it is passed over with a warning that names it, rather than resumed from.
+    """
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    folders = sorted(
+        (int(match.group(1)), path)
+        for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+        if (match := pattern.match(path.name)) and path.is_dir()
+    )
+    complete = [path for _, path in folders if (path / TRAINER_STATE_NAME).is_file()]
+    if not complete:
+        raise ValueError(f"No complete checkpoint found in output_dir={str(output_dir)!r} to resume from.")
+    skipped = [path.name for step, path in folders if step > checkpoint_step(complete[-1])]
+    if skipped:
+        logger.warning(
+            f"Resuming from {complete[-1].name}: {', '.join(skipped)} has no {TRAINER_STATE_NAME} (its save did not "
+            "finish), so it is skipped."
+        )
+    return str(complete[-1])
 
 
 class SeedSnapshotCallback(TrainerCallback):

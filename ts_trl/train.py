@@ -270,12 +270,13 @@ def check_output_dir(training_args) -> None:
     """
     from transformers.trainer_utils import get_last_checkpoint
 
+    from .seed_data import SEEDS_DIR, SeedManifest
+
     output_dir = Path(training_args.output_dir)
     if training_args.resume_from_checkpoint or not output_dir.is_dir():
         return
     last = get_last_checkpoint(str(output_dir))
-    manifest = output_dir / "seeds" / "manifest.json"
-    if last is None and not manifest.is_file():
+    if last is None and not SeedManifest.path(output_dir / SEEDS_DIR).is_file():
         return
     held = f"checkpoints up to {Path(last).name}" if last else "a seed dataset (seeds/manifest.json)"
     resume = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <its checkpoint>"
@@ -456,7 +457,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
         )
         interrupt.accelerator = trainer.accelerator
         if training_args.resume_from_checkpoint and training_args.seed_method != "none":
-            trainer.seed_store.resume_shards(training_args.resume_from_checkpoint)  # one line, not a traceback
+            trainer.seed_store.check_resume(training_args.resume_from_checkpoint)  # one line, not a traceback
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"
     )

@@ -45,7 +45,6 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 from transformers import LogitsProcessorList
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from .backends import per_prompt_sampling_params, replaced, requests_per_budget
@@ -57,15 +56,12 @@ from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .prefix_forcing import ForcedPrefix, strip_forced
+from .seed_data import SEEDS_DIR
 from .snapshots import (
-    SEEDS_DIR,
     PendingRollout,
     SeedSnapshotCallback,
     SeedStore,
-    load_seed_table,
-    local_seed_dataset,
-    sampling_settings,
-    tokenizer_fingerprint,
+    last_complete_checkpoint,
 )
 from .tiny import save_model_from_this_rank
 
@@ -119,11 +115,6 @@ class SeedGRPOTrainer(GRPOTrainer):
                         "into single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
                     )
         self.seed_collator = SeedCollator(args.prefix_mode)
-        tokenizer_fp = tokenizer_fingerprint(self._tokenizer)
-        external_seeds = None
-        if args.seed_dataset is not None:
-            source = local_seed_dataset(args.seed_dataset)
-            external_seeds = load_seed_table(source, tokenizer_fp, len(self._tokenizer))
         if train_dataset is not None:
             self._check_one_generation_fits(train_dataset)
             if args.seed_method != "none":
@@ -143,22 +134,14 @@ class SeedGRPOTrainer(GRPOTrainer):
             max_positions=getattr(self.model.config, "max_position_embeddings", None),
         )
         self.seed_store = SeedStore(
-            args.output_dir,
+            args,
             self.accelerator,
-            model_name=getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__,
-            tokenizer_fp=tokenizer_fp,
-            reward_names=self.reward_func_names,
-            external_seeds=external_seeds,
-            hub_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
-            hub_token=args.hub_token,
-            hub_private=args.hub_private_repo if args.hub_seeds_private is None else args.hub_seeds_private,
-            metrics=self._metrics["train"],
-            card_license=args.card_license,
-            trained_model_id=args.hub_model_id if args.push_to_hub else None,
+            self.model,
+            self._tokenizer,
+            self.reward_func_names,
             success_reward=self.reward_func_names[self._success_index],
-            success_threshold=args.success_threshold,
-            snapshot_steps=args.seed_snapshot_steps,
-            sampling=sampling_settings(args, self.use_vllm),
+            metrics=self._metrics["train"],
+            use_vllm=self.use_vllm,
         )
         self.seed_store.checkpoint_state = self.planner.state
         if self.accelerator.num_processes > 1:
@@ -229,13 +212,10 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self.seed_store.bank
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        if resume_from_checkpoint is True:  # transformers would take the newest folder, even one a crash left empty
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
         if self.args.seed_method != "none":
-            checkpoint = resume_from_checkpoint
-            if checkpoint is True:
-                checkpoint = get_last_checkpoint(self.args.output_dir)
-                if checkpoint is None:
-                    raise ValueError(f"No checkpoint found in output_dir={self.args.output_dir!r} to resume from.")
-            self.seed_store.start(checkpoint or None)
+            self.seed_store.start(resume_from_checkpoint or None)
             self.planner.reset(self.seed_store.resumed_state.get("planner"))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 

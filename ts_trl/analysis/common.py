@@ -192,7 +192,7 @@ def read_sampling(shards: Sequence[str | os.PathLike]) -> Sampling | None:
     """The sampling settings recorded in seed shards (None when none records them); shards must agree."""
     import pyarrow.parquet as pq
 
-    from ..snapshots import SAMPLING_METADATA_KEY
+    from ..seed_data import SAMPLING_METADATA_KEY
 
     found = {}
     for shard in shards:
@@ -212,7 +212,7 @@ def read_sampling(shards: Sequence[str | os.PathLike]) -> Sampling | None:
 
 def run_seed_shards(checkpoint: str | os.PathLike) -> list[Path]:
     """The seed shards of the run a checkpoint belongs to (`<run>/seeds/`, beside `<run>/checkpoint-N`); [] if none."""
-    from ..snapshots import SEEDS_DIR, SeedManifest
+    from ..seed_data import SEEDS_DIR, SeedManifest
 
     folder = Path(checkpoint).expanduser()
     for seeds_dir in (folder / SEEDS_DIR, folder.parent / SEEDS_DIR):

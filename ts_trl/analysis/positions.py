@@ -26,7 +26,8 @@ import sys
 
 import numpy as np
 
-from ..snapshots import checkpoint_step, load_seed_table, resolve_seed_dataset, tokenizer_fingerprint
+from ..seed_data import load_seed_table, resolve_seed_dataset, tokenizer_fingerprint
+from ..snapshots import checkpoint_step
 from .common import (
     InputError,
     Sampling,

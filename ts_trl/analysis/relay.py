@@ -21,7 +21,7 @@ import math
 import sys
 from collections import defaultdict
 
-from ..snapshots import tokenizer_fingerprint
+from ..seed_data import tokenizer_fingerprint
 from .common import (
     InputError,
     Sampling,

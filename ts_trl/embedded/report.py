@@ -11,6 +11,8 @@ from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..seed_data import SEEDS_DIR, SeedManifest
+
 # Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
 MEAN_METRICS = (
     "seeds/seeded_group_share",
@@ -52,17 +54,14 @@ def seed_statistics(trainer) -> dict:
         if values:
             stats[name.removeprefix("seeds/")] = sum(values) / len(values)
     stats["bank_size"] = len(trainer.seed_bank)  # the bank itself, not the last logging window's mean
-    manifest = Path(trainer.args.output_dir) / "seeds" / "manifest.json"
-    if manifest.is_file():
+    manifest = SeedManifest.load(Path(trainer.args.output_dir) / SEEDS_DIR)
+    if manifest is not None:
         import pyarrow.parquet as pq
 
-        shards = json.loads(manifest.read_text())["shards"]
+        shards = manifest.shards
         # One file at a time, on this thread: pyarrow's dataset scanner (`pq.read_table`) leaves pool threads that can
         # abort the interpreter ("terminate called without an active exception") when the process exits right after.
-        rows = [
-            pq.ParquetFile(manifest.parent / s["file"]).read(columns=["seed_origin"], use_threads=False)
-            for s in shards
-        ]
+        rows = [pq.ParquetFile(path).read(columns=["seed_origin"], use_threads=False) for path in manifest.paths()]
         origins = [o for table in rows for o in table.column("seed_origin").to_pylist()]
         stats["rollouts"] = len(origins)
         stats["continuations"] = sum(o is not None for o in origins)
