@@ -381,12 +381,12 @@ def read_bank_table(
     problems = verify_shards(manifest, shards) if problems is None else problems
     tables = []
     for shard in shards:
-        table = _read_bank_copy(manifest, shard, problems, repair)
+        table, path = _read_bank_copy(manifest, shard, problems, repair)
         if vocab_size is not None:
             _check_token_ids(
                 table.column("completion_ids"),
                 vocab_size,
-                str(manifest.resolve(shard["file"])),
+                str(path),
                 "it is damaged, or this run's tokenizer is not the one that wrote it. Resume with the run's own "
                 "tokenizer, or from a checkpoint before its step.",
             )
@@ -394,7 +394,10 @@ def read_bank_table(
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
-def _read_bank_copy(manifest: SeedManifest, shard: dict, problems: dict[str, str], repair: bool) -> pa.Table:
+def _read_bank_copy(
+    manifest: SeedManifest, shard: dict, problems: dict[str, str], repair: bool
+) -> tuple[pa.Table, Path]:
+    """The bank columns of one shard and the copy they were read from."""
     parquet = manifest.resolve(shard["file"])
     arrow = manifest.resolve(shard["bank_file"]) if shard.get("bank_file") else None
     parquet_problem = problems.get(shard["file"])
@@ -411,7 +414,7 @@ def _read_bank_copy(manifest: SeedManifest, shard: dict, problems: dict[str, str
                     "the seed dataset (load_dataset, the Hub) lacks that shard's rows. Restore the file from the Hub "
                     "seed dataset if it was pushed."
                 )
-            return table
+            return table, arrow
     if parquet_problem is None:
         try:
             table = pq.read_table(parquet, columns=bank_columns(pq.read_schema(parquet).names))
@@ -422,7 +425,7 @@ def _read_bank_copy(manifest: SeedManifest, shard: dict, problems: dict[str, str
                 logger.warning(f"{arrow} is {arrow_problem}: the bank is read from {parquet}.")
                 if repair:
                     shard["bank_sha256"] = write_bank_file(table, arrow)
-            return table
+            return table, parquet
     raise ValueError(
         f"Cannot read the seed shard {parquet}: it is {parquet_problem}, and its copy "
         f"{arrow if arrow is not None else '(no .arrow file)'} is {arrow_problem}. Restore the file (e.g. from the "
