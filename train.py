@@ -5,7 +5,7 @@ a report of held-out pass@1 before and after. This is the recipe; the steps are 
 as `ts_trl train`, and `accelerate launch -m ts_trl.train`).
 """
 
-from ts_trl.train import fail_clearly, main, make_parser, parse_args
+from ts_trl.script import fail_clearly, main, make_parser, parse_args
 
 if __name__ == "__main__":
     with fail_clearly():  # bad input: one `train.py: error: ...` line and exit status 2, before any training

@@ -422,7 +422,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
     from . import SeedGRPOTrainer
     from .data import load_training_data
-    from .embedded.report import held_out_pass_at_1, report_run
+    from .report import held_out_pass_at_1, report_run
     from .rewards import check_reward_columns, get_reward_funcs
     from .snapshots import SaveOnInterrupt
 

@@ -28,7 +28,7 @@ def held_out_pass_at_1(trainer, dataset, num_samples: int) -> float | None:
         return None
     if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: generate() outside the engine would see none
         return None
-    from . import embedded_reward, pass_at_1
+    from .embedded import embedded_reward, pass_at_1
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     return pass_at_1(
