@@ -27,8 +27,8 @@ from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.data import load_training_data
 from ts_trl.rewards import get_reward_funcs
-from ts_trl.tiny import build_tiny_model, build_tokenizer
 from ts_trl.script import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
+from ts_trl.tiny import build_tiny_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

@@ -163,7 +163,7 @@ def read_hub(name: str, config: str | None = None, split: str = "train", streami
 
 
 def load_training_data(script_args, seed: int = 0, with_eval: bool = False):
-    """The training set (and the evaluation set, or None) of a `ts_trl.train` run, as `to_prompt_dataset` rows.
+    """The training set (and the evaluation set, or None) of a `ts_trl train` run, as `to_prompt_dataset` rows.
 
     With neither `dataset_name` nor `dataset_path`, the built-in task's training and held-out sets.
     """

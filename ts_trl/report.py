@@ -1,4 +1,4 @@
-"""The report a `ts_trl.train` run ends with: held-out pass@1 on the built-in task, seeding statistics, what was written.
+"""The report a `ts_trl train` run ends with: held-out pass@1 on the built-in task, seeding statistics, what was written.
 
 It is printed as aligned text and saved as `<output_dir>/report.json`.
 """

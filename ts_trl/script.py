@@ -1,7 +1,7 @@
 """Train with Thinking Seeds: the installed script, shaped like TRL's `trl/scripts/grpo.py`.
 
     ts_trl train [--config embedded|<recipe.yaml>] [--flag value ...]              # one process, in this process
-    accelerate launch [--config_file cpu|<accelerate.yaml>] -m ts_trl.train [...]   # any accelerate setup
+    accelerate launch [--config_file cpu|<accelerate.yaml>] -m ts_trl train [...]   # any accelerate setup
 
 With no model and no dataset it runs the *embedded default*: the built-in task, the package's own tiny model warmed up
 on CPU, then Thinking Seeds, all offline, ending with a report of held-out pass@1 before and after; its settings are
@@ -484,11 +484,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
 
 def run(argv: list[str] | None = None, parser: TrlParser | None = None, prog: str | None = None) -> int:
-    """Parses `argv` (default: the command line) and trains: what `ts_trl train`, `train.py` and `-m` run."""
+    """Parses `argv` (default: the command line) and trains: what `ts_trl train`, `train.py` and `-m ts_trl` run."""
     with fail_clearly(prog):  # bad input: one line on stderr and exit status 2, before any training
         script_args, training_args, model_args = parse_args(parser or make_parser(prog=prog), argv)
     return main(script_args, training_args, model_args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(run(prog="ts_trl.train"))

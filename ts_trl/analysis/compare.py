@@ -67,7 +67,7 @@ class Budget:
     n_probe: int
 
 
-# The embedded default's task and training settings (ts_trl/train.py EMBEDDED_DEFAULTS): same warm-up (hence the same
+# The embedded default's task and training settings (ts_trl/script.py EMBEDDED_DEFAULTS): same warm-up (hence the same
 # cache), 32 groups of 8 per step, the same training prompts and learning rate. Held-out: 8 samples for pass@8.
 FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
