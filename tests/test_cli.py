@@ -171,7 +171,7 @@ def test_real_recipes_load_local_data_of_the_same_schema(recipe, rows, expected,
         assert getattr(holders[0], key) == expected_value, key
     assert script_args.reward_funcs == expected["reward_funcs"]
 
-    train, evaluation = load_training_data(script_args, training_args.seed, training_args.eval_strategy != "no")
+    train, evaluation = load_training_data(script_args, training_args.eval_strategy != "no")
     column = "answer" if "answer" in expected else "tests"
     assert set(train.column_names) == {"prompt", "prompt_id", column}
     assert expected[column] in train[0][column]

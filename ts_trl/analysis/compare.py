@@ -270,7 +270,7 @@ def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> Non
     contexts = [tokenizer(p)["input_ids"] for p in train_set["prompt"][: budget.n_probe]] * 2
     with torch_threads(1):
         rollouts = sample_continuations(
-            model, tokenizer, contexts, [budget.max_completion_length] * len(contexts), seed=12345, desc="probe"
+            model, tokenizer, contexts, [budget.max_completion_length] * len(contexts), rng_seed=12345, desc="probe"
         )
         prefixes = [ids[: max(1, int(COVERAGE_CUT * len(ids)))] for ids in rollouts]
         logq = [sum(lp) for lp in token_logprobs(model, contexts, prefixes)]
