@@ -55,6 +55,11 @@ def seed_rows(output_dir) -> list[dict]:
     return [row for shard in manifest["shards"] for row in pq.read_table(seeds / shard["file"]).to_pylist()]
 
 
+def seed_by_id(bank, rollout_id: str):
+    """The seed stored under `rollout_id`."""
+    return bank.get(bank.rollout_ids.index(rollout_id))
+
+
 def logged(trainer, key) -> list:
     """The values a run logged under `key`, in order."""
     return [h[key] for h in trainer.state.log_history if key in h]

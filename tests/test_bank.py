@@ -4,29 +4,41 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import seed_by_id
 from ts_trl import SeedBank
 from ts_trl.bank import Rollout
 from ts_trl.seed_data import map_bank_file, rollouts_to_table, write_bank_file
 
 
+def _add(bank, rollout_id, prompt_id, ids, logprobs, reward, step):
+    bank.add_rollouts([Rollout(rollout_id, prompt_id, "", "", ids, logprobs, reward, step)])
+
+
 def _bank():
     bank = SeedBank()
-    bank.add("a0", "p", [1, 2, 3], [-0.1, -0.2, -0.3], reward=1.0, step=0)
-    bank.add("a1", "p", [4, 5, 6, 7], [-0.4] * 4, reward=0.0, step=2)
-    bank.add("a2", "p", [8], [-0.8], reward=1.0, step=0)  # one token: never a seed
-    bank.add("b0", "q", [9, 9], [-0.9, -0.9], reward=0.0, step=3)
+    _add(bank, "a0", "p", [1, 2, 3], [-0.1, -0.2, -0.3], reward=1.0, step=0)
+    _add(bank, "a1", "p", [4, 5, 6, 7], [-0.4] * 4, reward=0.0, step=2)
+    _add(bank, "a2", "p", [8], [-0.8], reward=1.0, step=0)  # one token: never a seed
+    _add(bank, "b0", "q", [9, 9], [-0.9, -0.9], reward=0.0, step=3)
     return bank
+
+
+def _eligible(bank, prompt_id, step, min_age, snapshot_only=True) -> list[int]:
+    """The bank indices `sample` draws for `prompt_id`: 200 uniform draws miss one of a few eligible ones never."""
+    rng = np.random.default_rng(0)
+    seeds = bank.sample([prompt_id] * 200, step, rng, min_age=min_age, snapshot_only=snapshot_only)
+    return sorted({seed.index for seed in seeds if seed is not None})
 
 
 def test_eligibility_respects_age_length_and_snapshot():
     bank = _bank()
-    assert list(bank.eligible("p", step=3, min_age=1)) == []  # nothing snapshotted yet
+    assert _eligible(bank, "p", step=3, min_age=1) == []  # nothing snapshotted yet
     bank.mark_snapshotted()
-    assert list(bank.eligible("p", step=3, min_age=1)) == [0, 1]
-    assert list(bank.eligible("p", step=2, min_age=1)) == [0]  # a1 (step 2) is too young at step 2
-    assert list(bank.eligible("p", step=2, min_age=0)) == [0, 1]
-    assert list(bank.eligible("q", step=10, min_age=1, snapshot_only=False)) == [3]
-    assert list(bank.eligible("unknown", step=10, min_age=0)) == []
+    assert _eligible(bank, "p", step=3, min_age=1) == [0, 1]
+    assert _eligible(bank, "p", step=2, min_age=1) == [0]  # a1 (step 2) is too young at step 2
+    assert _eligible(bank, "p", step=2, min_age=0) == [0, 1]
+    assert _eligible(bank, "q", step=10, min_age=1, snapshot_only=False) == [3]
+    assert _eligible(bank, "unknown", step=10, min_age=0) == []
 
 
 def test_selection_strategies():
@@ -49,9 +61,9 @@ def test_draws_are_uniform_over_the_eligible_rollouts_however_few_they_are():
     still give each eligible rollout the same chance, and never an ineligible one."""
     bank = SeedBank()
     for i in range(200):  # prompt "rare": 3 eligible of 200 (rejection mostly fails; the exhaustive path decides)
-        bank.add(f"r{i}", "rare", [1, 2, 3], [-0.1] * 3, reward=float(i % 2), step=0 if i % 67 == 0 else 9)
+        _add(bank, f"r{i}", "rare", [1, 2, 3], [-0.1] * 3, reward=float(i % 2), step=0 if i % 67 == 0 else 9)
     for i in range(4):  # prompt "common": all 4 eligible (rejection always succeeds); two succeeded
-        bank.add(f"c{i}", "common", [1, 2], [-0.1] * 2, reward=float(i < 2), step=0)
+        _add(bank, f"c{i}", "common", [1, 2], [-0.1] * 2, reward=float(i < 2), step=0)
     bank.mark_snapshotted()
     rng = np.random.default_rng(0)
     counts = {}
@@ -70,7 +82,7 @@ def test_draws_are_uniform_over_the_eligible_rollouts_however_few_they_are():
 
 
 def test_seed_holds_ids_and_logprobs():
-    seed = _bank().lookup("a1")
+    seed = seed_by_id(_bank(), "a1")
     assert seed.completion_ids.tolist() == [4, 5, 6, 7]
     assert seed.logprobs.tolist() == pytest.approx([-0.4] * 4)
     assert seed.step == 2 and seed.reward == 0.0
@@ -79,18 +91,18 @@ def test_seed_holds_ids_and_logprobs():
 def test_bad_rollouts_are_refused():
     bank = _bank()
     with pytest.raises(ValueError, match="align"):
-        bank.add("x", "p", [1, 2], [-0.1], reward=0.0, step=0)
+        _add(bank, "x", "p", [1, 2], [-0.1], reward=0.0, step=0)
     with pytest.raises(ValueError, match="already"):
-        bank.add("a0", "p", [1, 2], [-0.1, -0.2], reward=0.0, step=0)
+        _add(bank, "a0", "p", [1, 2], [-0.1, -0.2], reward=0.0, step=0)
     with pytest.raises(ValueError, match="seed_selection"):
         bank.sample(["p"], 1, np.random.default_rng(0), "best")
 
 
 def test_external_seeds_are_always_old_enough():
     bank = SeedBank()
-    bank.add("x0", "p", [1, 2, 3], [0.0] * 3, reward=0.0, step=500, external=True)
+    bank.add_table(_table([Rollout("x0", "p", "", "", [1, 2, 3], [0.0] * 3, 0.0, 500)]), external=True)
     assert bank.num_snapshotted == 1
-    assert list(bank.eligible("p", step=0, min_age=1)) == [0]
+    assert _eligible(bank, "p", step=0, min_age=1) == [0]
 
 
 def test_bank_of_100k_rollouts_of_512_tokens_is_compact():
@@ -105,7 +117,7 @@ def test_bank_of_100k_rollouts_of_512_tokens_is_compact():
     raw = 100_000 * 512 * 8  # int32 ids + float32 log-probs
     assert bank.nbytes < 1.3 * raw < 1e9
     assert bank.metadata_bytes_per_rollout <= 40  # no per-rollout Python objects
-    assert bank.lookup("r99999").completion_ids[-1] == 511
+    assert bank.get(99_999).rollout_id == "r99999" and bank.get(99_999).completion_ids[-1] == 511
     assert "r100000" not in bank and "r5" in bank
 
 
@@ -136,7 +148,7 @@ def test_columnar_fill_matches_row_by_row_and_does_not_copy_tokens(tmp_path):
     ]
     by_rows, by_columns = SeedBank(), SeedBank()
     for r in rollouts:
-        by_rows.add(r.rollout_id, r.prompt_id, r.completion_ids, r.logprobs, r.reward, r.step)
+        by_rows.add_rollouts([r])
     path = tmp_path / "shard.arrow"
     with pa.ipc.new_file(path, _table(rollouts).schema) as writer:
         writer.write_table(_table(rollouts))
@@ -146,8 +158,8 @@ def test_columnar_fill_matches_row_by_row_and_does_not_copy_tokens(tmp_path):
     for bank in (by_rows, by_columns):
         bank.mark_snapshotted()
     for prompt in ("p0", "p1", "p2"):
-        assert list(by_columns.eligible(prompt, 10, 1)) == list(by_rows.eligible(prompt, 10, 1))
-    seed = by_columns.lookup("id-13")
+        assert _eligible(by_columns, prompt, 10, 1) == _eligible(by_rows, prompt, 10, 1)
+    seed = seed_by_id(by_columns, "id-13")
     assert seed.completion_ids.tolist() == [0, 1, 2, 3] and seed.step == 3 and seed.prompt_id == "p1"
     flat = mapped.column("completion_ids").chunk(0).values.to_numpy()
     assert np.shares_memory(seed.completion_ids, flat)  # a view of the memory-mapped file, not a copy
@@ -174,10 +186,10 @@ def test_attaching_a_snapshot_moves_the_payload_onto_the_mapped_file(tmp_path):
     mapped = map_bank_file(tmp_path / "bank.arrow")
     bank.attach_snapshot(mapped)
     assert bank.num_snapshotted == len(bank) == 3
-    seed = bank.lookup("n2")
+    seed = seed_by_id(bank, "n2")
     assert seed.completion_ids.tolist() == [5, 6, 7] and seed.logprobs.tolist() == pytest.approx([-0.7] * 3)
     flat = mapped.column("completion_ids").chunk(0).values.to_numpy()
     assert np.shares_memory(seed.completion_ids, flat)  # read from the mapped file
     assert len(bank._tokens.chunks) == 1  # the bank's own copy of those rows was released
-    bank.add("after", "p", [1, 2], [0.0, 0.0], 0.0, 5)  # appending keeps working after the release
-    assert bank.lookup("after").completion_ids.tolist() == [1, 2] and bank.lookup("n0").step == 4
+    _add(bank, "after", "p", [1, 2], [0.0, 0.0], 0.0, 5)  # appending keeps working after the release
+    assert seed_by_id(bank, "after").completion_ids.tolist() == [1, 2] and seed_by_id(bank, "n0").step == 4

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import GradientProbe, seeded_action_batch, tiny_prompts
+from tests.conftest import GradientProbe, seed_by_id, seeded_action_batch, tiny_prompts
 from tests.two_rank_losses import run as run_two_prompt_modes
 from ts_trl.bank import Rollout
 from ts_trl.data import prompt_id_of
@@ -25,7 +25,7 @@ def test_prefix_actions_get_the_state_advantage(make_trainer, state_value):
     baseline = 0.5
     trainer, inputs = seeded_action_batch(make_trainer, state_value, baseline, loss_type="dapo")
     cuts = [(i, p.rollout.prefix_len, p.rollout.seed_origin) for i, p in enumerate(trainer.seed_store.pending)]
-    seeded = [(i, k, trainer.seed_bank.lookup(origin)) for i, k, origin in cuts if origin is not None]
+    seeded = [(i, k, seed_by_id(trainer.seed_bank, origin)) for i, k, origin in cuts if origin is not None]
     assert len(seeded) == 8, "both groups should be seeded"
     rewards = np.array([state_value + (0.1 if i % 2 else -0.1) for i in range(8)])
     expected = (state_value - baseline) / (rewards.std() + 1e-4)  # V - b, in batch reward standard deviations

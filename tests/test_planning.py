@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ts_trl.bank import SeedBank
+from ts_trl.bank import Rollout, SeedBank
 from ts_trl.planning import PASS_RATE_DECAY, GroupPlanner
 
 EOS = 1
@@ -29,8 +29,12 @@ def _args(**overrides):
 
 def _bank():
     bank = SeedBank()
-    bank.add("r-a", "a", np.arange(10, 20, dtype=np.int32), np.full(10, -1.0, np.float32), 1.0, 0)
-    bank.add("r-b", "b", np.arange(20, 26, dtype=np.int32), np.full(6, -2.0, np.float32), 0.0, 0)
+    bank.add_rollouts(
+        [
+            Rollout("r-a", "a", "", "", np.arange(10, 20, dtype=np.int32), np.full(10, -1.0, np.float32), 1.0, 0),
+            Rollout("r-b", "b", "", "", np.arange(20, 26, dtype=np.int32), np.full(6, -2.0, np.float32), 0.0, 0),
+        ]
+    )
     bank.mark_snapshotted()
     return bank
 

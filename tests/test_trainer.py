@@ -10,7 +10,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.conftest import tiny_prompts
+from tests.conftest import seed_by_id, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.seed_data import rollouts_to_table, tokenizer_fingerprint, write_shard
@@ -228,7 +228,7 @@ def test_invariant_5_prefix_gradient(make_trainer, mode):
     inputs = trainer._generate_and_score_completions(batch)
     pending = trainer.seed_store.pending[-8:]
     cuts = [
-        (i, trainer.seed_bank.lookup(p.rollout.seed_origin), p.rollout.prefix_len)
+        (i, seed_by_id(trainer.seed_bank, p.rollout.seed_origin), p.rollout.prefix_len)
         for i, p in enumerate(pending)
         if p.rollout.seed_origin is not None
     ]

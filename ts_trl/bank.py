@@ -255,37 +255,6 @@ class SeedBank:
     # ----------------------------------------------------------------------------------------------------------------
     # Adding rollouts
 
-    def add(
-        self,
-        rollout_id: str,
-        prompt_id: str,
-        completion_ids: Sequence[int],
-        logprobs: Sequence[float],
-        reward: float,
-        step: int,
-        external: bool = False,
-    ) -> int:
-        """Stores one rollout and returns its index; log-probs must align with the token ids."""
-        ids = np.asarray(completion_ids, dtype=np.int32)
-        logps = np.asarray(logprobs, dtype=np.float32)
-        if ids.shape != logps.shape:
-            raise ValueError(
-                f"Rollout {rollout_id!r} has {len(ids)} token ids but {len(logps)} log-probs; they must align."
-            )
-        index = len(self)
-        self._extend(
-            *_utf8([rollout_id]),
-            [prompt_id],
-            np.zeros(1, dtype=np.int32),
-            ids,
-            logps,
-            np.array([0, len(ids)]),
-            [np.nan if reward is None else reward],
-            [step],
-            external,
-        )
-        return index
-
     def add_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         """Stores a batch of rollouts in one columnar append (no per-rollout work beyond reading their fields)."""
         if not rollouts:
@@ -477,12 +446,6 @@ class SeedBank:
     def get(self, index: int) -> Seed:
         return self._get_many(np.array([index]))[0]
 
-    def lookup(self, rollout_id: str) -> Seed:
-        index = self._find(rollout_id)
-        if index is None:
-            raise KeyError(rollout_id)
-        return self.get(index)
-
     def _index_prompts(self) -> None:
         """Files the rollouts added since the last call under their prompts (one O(bank) merge per batch of adds)."""
         first, last = self._prompt_indexed, len(self)
@@ -519,11 +482,6 @@ class SeedBank:
 
     def _lengths(self, indices: np.ndarray) -> np.ndarray:
         return self._token_address.values[indices] & ((1 << TOKEN_LENGTH_BITS) - 1)
-
-    def eligible(self, prompt_id: str, step: int, min_age: int, snapshot_only: bool = True) -> np.ndarray:
-        """Indices of the rollouts of `prompt_id` that may seed a group at `step`."""
-        indices, _ = self._rows_of(*self._prompt_ranges([prompt_id]))
-        return indices[self._eligible(indices, step, min_age, snapshot_only)]
 
     def _eligible(self, indices: np.ndarray, step: int, min_age: int, snapshot_only: bool) -> np.ndarray:
         keep = (self._step.values[indices] <= step - min_age) & (self._lengths(indices) >= 2)
