@@ -144,9 +144,9 @@ def render_dataset_card(
         configs=dataset_configs(LOCAL_SHARDS if local else HUB_SHARDS),
     )
     columns = []
-    for column in SEED_COLUMNS:
-        columns.append((column.name, column_type_name(column), column.meaning))
-        if column.name == "reward":
+    for seed_column in SEED_COLUMNS:
+        columns.append((seed_column.name, column_type_name(seed_column), seed_column.meaning))
+        if seed_column.name == "reward":
             columns += [
                 (column, "float32", f"Reward of the `{column.removeprefix('reward_')}` reward function.")
                 for column in reward_columns
