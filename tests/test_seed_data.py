@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tests.conftest as c
+from tests.test_cli import ROOT, SMALL, _data_args, _launch, tiny_dir  # noqa: F401 (tiny_dir: a fixture)
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 
 
@@ -161,6 +162,30 @@ def test_token_ids_outside_the_vocabulary_are_refused_on_resume(run, make_traine
         shard.pop("bank_sha256", None)  # as a manifest written before checksums
     (seeds / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=rf"step-000004.arrow holds token ids outside .*{11 * len(tokenizer)}"):
+        _resume(make_trainer, run)
+
+
+@pytest.mark.slow  # two 2-rank launches, about a minute each on 2 loaded cores
+def test_two_ranks_resume_alike_from_a_damaged_bank_file(tiny_dir, tmp_path):  # noqa: F811
+    """The main process checks the checksums and every rank reads the copy it found whole: no rank maps the torn file."""
+    output_dir = tmp_path / "run"
+    two_ranks = ["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml")]
+    two_ranks += ["--num_processes", "2", "--mixed_precision", "no"]
+    train = [*_data_args(tiny_dir, output_dir), *SMALL, "--per_device_train_batch_size", "4", "--use_cpu"]
+    _launch(tmp_path, two_ranks, [*train, "--max_steps", "2"])
+    bank_file = output_dir / "seeds" / "bank" / "step-000002.arrow"
+    _truncate(bank_file)
+    resume = ["--max_steps", "3", "--resume_from_checkpoint", str(output_dir / "checkpoint-2")]
+    result = _launch(tmp_path, two_ranks, [*train, *resume])
+    assert "step-000002.arrow is damaged" in result.stderr
+    pa.ipc.open_file(pa.memory_map(str(bank_file))).read_all()  # written again from the Parquet shard
+
+
+def test_resuming_with_another_tokenizer_is_refused(run, make_trainer):
+    manifest = json.loads((run / "seeds" / "manifest.json").read_text())
+    manifest["tokenizer"] = "0123456789abcdef"  # as written by a run whose tokenizer maps text to other ids
+    (run / "seeds" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="tokenizer of another vocabulary"):
         _resume(make_trainer, run)
 
 

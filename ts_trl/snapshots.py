@@ -237,15 +237,10 @@ class SeedStore:
                 f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
                 "in the output_dir of the run that wrote it, or start a new run."
             )
-        if manifest.tokenizer != self.tokenizer_fp:
-            raise ValueError(
-                f"Cannot resume from {checkpoint}: its seeds were made with a tokenizer of another vocabulary "
-                f"(fingerprint {manifest.tokenizer!r}, this run's is {self.tokenizer_fp!r}). Resume with the run's own "
-                "tokenizer."
-            )
         step = checkpoint_step(checkpoint)
         pointer_path = checkpoint / CHECKPOINT_POINTER
         if not pointer_path.exists():  # crashed between the shard and the pointer: the shard is on disk already
+            self._check_tokenizer(checkpoint, manifest)
             logger.warning(
                 f"{pointer_path} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
                 "of seed_selection='passrate' start afresh."
@@ -265,8 +260,17 @@ class SeedStore:
                 f"Cannot resume from {checkpoint}: {why} (a later run or resume moved them to seeds/superseded/). "
                 f"Resume from a checkpoint of the run in {self.seeds_dir}, or start a new run in another output_dir."
             )
+        self._check_tokenizer(checkpoint, manifest)
         shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
         return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
+
+    def _check_tokenizer(self, checkpoint: Path, manifest: SeedManifest) -> None:
+        if manifest.tokenizer != self.tokenizer_fp:
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: its seeds were made with a tokenizer of another vocabulary "
+                f"(fingerprint {manifest.tokenizer!r}, this run's is {self.tokenizer_fp!r}). Resume with the run's own "
+                "tokenizer."
+            )
 
     def _read_bank(self, resume: Resume) -> pa.Table | None:
         """The bank columns of a resume's shards, each from a whole copy. The main process checks the checksums and
