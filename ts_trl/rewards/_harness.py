@@ -498,7 +498,8 @@ def _start_worker(config, source, home, requests, replies):
     _install_seccomp(allow_processes=bool(config["cgroups"]))
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home,
                    "TMPDIR": home}  # fmt: skip
-    os.execve(sys.executable, [sys.executable, "-I", "-S", "-B", "-c", source, "worker"], environment)
+    interpreter = config["interpreter"]
+    os.execve(interpreter, [interpreter, "-I", "-S", "-B", "-c", source, "worker"], environment)
 
 
 def _worker_main():
@@ -514,11 +515,19 @@ def _worker_main():
 
 
 def _start_judge(config, units_fd, verdict_fd, requests, replies):
+    home = "/"  # without a view of its own, "/" at least is not writable
+    if config["root"]:
+        home = JUDGE_DIR
+        if not any(path == "/tmp" or path.startswith("/tmp/") for path in config["expose"]):
+            # Its own mount namespace, where /tmp is its private /judge: no path the judge may use, not even a literal
+            # /tmp in a test, holds the program's files. (A runtime under /tmp keeps the program's /tmp visible here.)
+            _check(_libc.unshare(CLONE_NEWNS), "unshare mount namespace")
+            _mount(JUDGE_DIR, "/tmp", flags=MS_BIND)
+            home = "/tmp"
     _set_limits(config["limits"], config["limits"]["memory_mb"])
     _drop_privileges(config["uid"])
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace or /proc/<pid>/mem from a process without capabilities
     _fresh_session_keyring()
-    home = JUDGE_DIR if config["root"] else "/"  # without a view of its own, "/" at least is not writable
     os.chdir(home)
     os.environ.update(HOME=home, TMPDIR=home)
     with os.fdopen(units_fd, encoding="utf-8") as file:

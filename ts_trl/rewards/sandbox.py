@@ -333,6 +333,7 @@ def run_in_sandbox(
             "root": root,
             "expose": _exposed_paths(),
             "site_packages": _site_packages(),
+            "interpreter": os.path.realpath(sys.executable),  # the binary itself lies in the exposed runtime
             "units_fd": units_fd,
             "verdict_fd": verdict_fd,
             "uid": uid,
