@@ -2,7 +2,7 @@
 
 # Processes. The *keeper* (root in the namespaces; pid 1 of the pid namespace when there is one) joins the run's
 # cgroups, builds the filesystem view and pivots into it, then forks the *worker* and (tests mode) the *judge*. The
-# worker drops every privilege and execs a fresh interpreter (`python -c <this file> worker`) that runs the untrusted
+# worker drops every privilege and execs a fresh interpreter (`python -c <_worker.py>`) that runs the untrusted
 # program; the judge runs the tests. Both are children of the keeper, which exits with the judge's status (tests) or
 # the worker's (stdin/stdout).
 #
@@ -30,11 +30,13 @@ import builtins
 import ctypes
 import importlib
 import json
+import marshal
 import os
 import resource
 import struct
 import sys
 import traceback
+import types
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
@@ -46,9 +48,6 @@ KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
 KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
 DEVICES = ("null", "zero", "urandom")
 JUDGE_DIR = "/judge"
-WORKER_REQUESTS, WORKER_REPLIES = 3, 4
-MAX_FRAME = 16 << 20  # bytes per call or reply: a program cannot make the judge hold more
-MAX_DEPTH = 100
 # Built-in exceptions a test may expect from the program; never StopIteration, which would end a `map` in a test early.
 RAISED_AS_IS = frozenset(
     "ArithmeticError AssertionError AttributeError IndexError KeyError LookupError NotImplementedError OverflowError "
@@ -218,125 +217,32 @@ def _install_seccomp(allow_processes):
     _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0), "seccomp")
 
 
-# ---------------------------------------------------------------- plain data across the boundary
+# ---------------------------------------------------------------- the worker's code, shared with the judge
 
 
-def encode(value, depth=0):
-    """JSON-ready form of plain data; anything else (subclasses included) raises TypeError naming its type."""
-    kind = type(value)
-    if depth > MAX_DEPTH:
-        raise ValueError("value nested too deeply to cross the sandbox boundary")
-    if value is None or kind in (bool, int, float, str):
-        return value
-    if kind is list:
-        return [encode(item, depth + 1) for item in value]
-    if kind in (tuple, set, frozenset):
-        return {kind.__name__: [encode(item, depth + 1) for item in value]}
-    if kind is dict:
-        return {"dict": [[encode(key, depth + 1), encode(item, depth + 1)] for key, item in value.items()]}
-    if kind is bytes:
-        return {"bytes": value.hex()}
-    raise TypeError(f"a {kind.__name__} cannot cross the sandbox boundary: only plain data (None, bool, int, float, "
-                    "str, bytes, list, tuple, set, frozenset, dict) is passed between the tests and the program")  # fmt: skip
+def _load_worker():
+    """`_worker.py`'s source (for the worker's fresh interpreter, which may not see the file) and, as a module, its
+    definitions of what crosses the boundary (for the judge)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+    with open(path, encoding="utf-8") as file:
+        source = file.read()
+    module = types.ModuleType("_worker")
+    exec(compile(source, path, "exec"), module.__dict__)
+    return source, module
 
 
-def decode(value, depth=0):
-    """The inverse of `encode`, building only fresh built-in objects; raises ValueError on anything malformed."""
-    kind = type(value)
-    if depth > MAX_DEPTH:
-        raise ValueError("value nested too deeply")
-    if value is None or kind in (bool, int, float, str):
-        return value
-    if kind is list:
-        return [decode(item, depth + 1) for item in value]
-    if kind is not dict or len(value) != 1:
-        raise ValueError("malformed value from the program's process")
-    (tag, body), build = next(iter(value.items())), {"tuple": tuple, "set": set, "frozenset": frozenset}
-    if tag in build and type(body) is list:
-        return build[tag](decode(item, depth + 1) for item in body)
-    if tag == "dict" and type(body) is list and all(type(pair) is list and len(pair) == 2 for pair in body):
-        return {decode(key, depth + 1): decode(item, depth + 1) for key, item in body}
-    if tag == "bytes" and type(body) is str:
-        return bytes.fromhex(body)
-    raise ValueError("malformed value from the program's process")
+WORKER_SOURCE, worker = _load_worker()
 
 
 def _send(fd, message):
-    data = json.dumps(message).encode()
-    data = struct.pack("<I", len(data)) + data
-    while data:
-        data = data[os.write(fd, data) :]
+    """To the worker: marshal data, which the worker reads without importing anything."""
+    worker.send_frame(fd, marshal.dumps(message))
 
 
-def _receive(fd, limit=MAX_FRAME):
-    """One message, or None at end of file; the length prefix is checked before anything is read."""
-    header = _read_exactly(fd, 4)
-    if header is None:
-        return None
-    (size,) = struct.unpack("<I", header)
-    if size > limit:
-        raise ValueError(f"the program sent {size} bytes in one reply (limit {limit})")
-    body = _read_exactly(fd, size)
-    if body is None:
-        return None
-    return json.loads(body)
-
-
-def _read_exactly(fd, size):
-    chunks, left = [], size
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-# ---------------------------------------------------------------- worker: runs the untrusted program
-
-
-def _fail_worker():
-    sys.stdout.flush()  # what it printed before failing, for the logs
-    traceback.print_exc()
-    os._exit(1)
-
-
-def _worker(program, tests_mode, requests, replies):
-    namespace = {"__name__": "__candidate__" if tests_mode else "__main__"}
-    try:
-        exec(compile(program, "program.py", "exec"), namespace)
-    except SystemExit as stop:
-        if tests_mode or stop.code not in (None, 0):
-            _fail_worker()
-    except BaseException:
-        _fail_worker()
-    if not tests_mode:  # stdin/stdout mode: the caller compares what the program printed
-        sys.stdout.flush()
-        os._exit(0)
-    exported = {}
-    for name, value in list(namespace.items()):
-        if name.startswith("__"):
-            continue
-        if type(value) is type(os):
-            exported[name] = ["module", value.__name__]
-        elif callable(value):
-            exported[name] = ["callable", None]
-        else:
-            try:
-                exported[name] = ["value", encode(value)]
-            except (TypeError, ValueError, RecursionError):
-                exported[name] = ["other", type(value).__name__]
-    _send(replies, exported)
-    while (request := _receive(requests)) is not None:
-        try:
-            args, kwargs = decode(request["args"]), decode(request["kwargs"])
-            reply = {"value": encode(namespace[request["name"]](*args, **kwargs))}
-        except BaseException as error:  # SystemExit too: the judge decides what an exception in a test means
-            reply = {"error": [type(error).__name__, str(error)[:1000]]}
-        sys.stdout.flush()
-        _send(replies, reply)
-    os._exit(0)
+def _receive(fd):
+    """From the worker: one JSON message (only plain data parses), or None at end of file."""
+    frame = worker.read_frame(fd)
+    return None if frame is None else json.loads(frame)
 
 
 # ---------------------------------------------------------------- judge: runs the tests, trusted
@@ -375,13 +281,14 @@ class Remote:
         self._name, self._requests, self._replies = name, requests, replies
 
     def __call__(self, *args, **kwargs):
-        _send(self._requests, {"name": self._name, "args": encode(list(args)), "kwargs": encode(kwargs)})
+        request = {"name": self._name, "args": worker.encode(list(args)), "kwargs": worker.encode(kwargs)}
+        _send(self._requests, request)
         try:
             reply = _receive(self._replies)
             if type(reply) is not dict:
                 raise ValueError("no reply")
             if "value" in reply:
-                return decode(reply["value"])
+                return worker.decode(reply["value"])
             kind, message = reply["error"]
         except (ValueError, TypeError, KeyError, RecursionError) as error:
             raise WorkerGone(f"the program's process stopped answering: {error}") from None
@@ -408,7 +315,7 @@ def _program_names(requests, replies):
             if kind == "callable":
                 namespace[name] = Remote(name, requests, replies)
             elif kind == "value":
-                namespace[name] = decode(detail)
+                namespace[name] = worker.decode(detail)
             elif kind == "module" and detail in JUDGE_MODULES:
                 namespace[name] = importlib.import_module(detail)
             else:
@@ -434,7 +341,7 @@ def _judge(units, requests, replies, verdict_fd):
         if is_test:
             passed.append(index)
     os.close(requests)  # end of file tells the worker to exit
-    _send(verdict_fd, passed)
+    worker.send_frame(verdict_fd, json.dumps(passed).encode())
 
 
 # ---------------------------------------------------------------- process tree
@@ -476,7 +383,7 @@ def _drop_privileges(uid):
         os.setuid(uid)
 
 
-def _start_worker(config, source, home, requests, replies):
+def _start_worker(config, home, requests, replies):
     """Confines this child and execs a fresh interpreter in it that runs the program (`_worker_main`)."""
     if config["root"]:
         # Its own mount namespace, without /judge: the judge's working files are not there to read or write.
@@ -492,26 +399,14 @@ def _start_worker(config, source, home, requests, replies):
     import fcntl
 
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (requests, replies)]
-    for fd, target in zip(high, (WORKER_REQUESTS, WORKER_REPLIES)):
+    for fd, target in zip(high, (worker.REQUESTS, worker.REPLIES)):
         os.dup2(fd, target)
-    os.closerange(WORKER_REPLIES + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0] + 64)
+    os.closerange(worker.REPLIES + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0] + 64)
     _install_seccomp(allow_processes=bool(config["cgroups"]))
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home,
                    "TMPDIR": home}  # fmt: skip
     interpreter = config["interpreter"]
-    os.execve(interpreter, [interpreter, "-I", "-S", "-B", "-c", source, "worker"], environment)
-
-
-def _worker_main():
-    """The exec'd worker: reads the program and its mode from its requests pipe, then runs it."""
-    init = _receive(WORKER_REQUESTS)
-    sys.path.extend(init["site_packages"])
-    builtins.exit = builtins.quit = _quit
-    sys.argv = ["program.py"]
-    if not init["tests_mode"]:
-        os.close(WORKER_REQUESTS)
-        os.close(WORKER_REPLIES)
-    _worker(init["program"], init["tests_mode"], WORKER_REQUESTS, WORKER_REPLIES)
+    os.execve(interpreter, [interpreter, "-I", "-S", "-B", "-c", WORKER_SOURCE], environment)
 
 
 def _start_judge(config, units_fd, verdict_fd, requests, replies):
@@ -541,14 +436,7 @@ def _start_judge(config, units_fd, verdict_fd, requests, replies):
     os._exit(0)
 
 
-def _quit(code=None):
-    raise SystemExit(code)
-
-
 def main():
-    if sys.argv[1:] == ["worker"]:
-        _worker_main()
-        return
     config = json.loads(sys.argv[1])
     units_fd, verdict_fd = config["units_fd"], config["verdict_fd"]
     for fd in (units_fd, verdict_fd):
@@ -558,11 +446,10 @@ def main():
         with open(procs, "w") as file:
             file.write("0")  # this process; everything it starts stays in the run's cgroups
     _fresh_session_keyring()
-    with open(__file__, encoding="utf-8") as file:
-        source = file.read()  # the worker's code, given to its fresh interpreter, which may not see this file
     # Started with -S, which skips site's imports (a third of a run's start-up): site-packages are added without
     # running their .pth hooks, and exit()/quit() are defined as site would.
     sys.path.extend(config["site_packages"])
+    builtins.exit = builtins.quit = worker._quit
     workdir = config["workdir"]
     with open(os.path.join(workdir, "program.py"), encoding="utf-8") as file:
         program = file.read()
@@ -580,12 +467,12 @@ def main():
     requests, to_worker = os.pipe()
     from_worker, replies = os.pipe()
     sys.stdout.flush()
-    worker = os.fork()
-    if worker == 0:
+    worker_pid = os.fork()
+    if worker_pid == 0:
         for fd in (units_fd, verdict_fd, to_worker, from_worker):
             if fd is not None:
                 os.close(fd)
-        _in_child(_start_worker, config, source, home, requests, replies)
+        _in_child(_start_worker, config, home, requests, replies)
     os.close(requests)
     os.close(replies)
     tests_mode = units_fd is not None
@@ -596,7 +483,7 @@ def main():
     if not tests_mode:
         os.close(to_worker)
         os.close(from_worker)
-        code = _exit_code(worker)
+        code = _exit_code(worker_pid)
     else:
         judge = os.fork()
         if judge == 0:
@@ -605,10 +492,10 @@ def main():
             os.close(fd)
         code = _exit_code(judge)
         try:
-            os.kill(worker, 9)  # it exits at the judge's end of file; one still running has nothing left to say
+            os.kill(worker_pid, 9)  # it exits at the judge's end of file; one still running has nothing left to say
         except ProcessLookupError:
             pass
-        os.waitpid(worker, 0)
+        os.waitpid(worker_pid, 0)
     if uid is not None and not config["pid_namespace"] and os.fork() == 0:
         # Without a pid namespace, processes that left the process group are found by their uid and killed.
         os.setuid(uid)
