@@ -124,11 +124,12 @@ def test_parent_environment_is_invisible(monkeypatch):
     assert _run(program)[0] == 0.0
 
 
-def test_killing_the_judge_fails_the_run():
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_killing_or_stopping_the_judge_fails_the_run(signal_name):
     _need("pidns")  # the program signals every low pid: only in a pid namespace are those the run's own
     program = (
         "import os, signal\nfor pid in range(1, 64):\n    if pid != os.getpid():\n        try:\n"
-        "            os.kill(pid, signal.SIGKILL)\n        except OSError:\n            pass\n" + CORRECT_ADD
+        f"            os.kill(pid, signal.{signal_name})\n        except OSError:\n            pass\n" + CORRECT_ADD
     )
     result = _evidence(program)
     assert result.returncode != 0 and not result.ok and result.passed_units is None
