@@ -146,7 +146,7 @@ def seeded_action_batch(make_trainer, state_value: float, baseline: float = 0.5,
     holder = {}
 
     def reward(completions, **kwargs):
-        plan = holder["trainer"]._plan
+        plan = holder["trainer"]._seed_batch.plan
         return [state_value + (0.1 if i % 2 else -0.1) if c is not None else 0.0 for i, c in enumerate(plan.cuts)]
 
     trainer = holder["trainer"] = make_trainer(

@@ -45,8 +45,9 @@ def _config(output_dir, **overrides):
 class _Recorder(SeedGRPOTrainer):
     """Keeps, per generation, the plan, the training batch, and the policy's log-probs of every row at that time."""
 
-    def _record_rollouts(self, inputs, output, plan):
-        super()._record_rollouts(inputs, output, plan)
+    def _record_rollouts(self, inputs, output, batch):
+        super()._record_rollouts(inputs, output, batch)
+        plan = batch.plan
         prompt_ids = [self._tokenizer(x["prompt"])["input_ids"] for x in inputs]
         logps = []
         with torch.no_grad():  # an independent plain forward pass, one row at a time (no padding)

@@ -33,6 +33,7 @@ EXPECTED = {
     "_tokenize_prompts": ["self", "prompts"],
     "create_model_card": ["self", "model_name", "dataset_name", "tags"],
     "_save_checkpoint": ["self", "model", "trial"],  # transformers' Trainer: where every save strategy saves
+    "_push_from_checkpoint": ["self", "checkpoint_folder"],  # transformers' Trainer: the push at each save
 }
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trl import ScriptArguments, TrlParser
 
+from .collectives import is_deepspeed
 from .resources import packaged_file
 
 logger = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU in float32 rather than fail on
         # GRPOConfig's bf16 default (bf16 autocast on CPU is slow and perturbs the sampling log-probs). DeepSpeed
         # picks its CPU accelerator by itself (DS_ACCELERATOR=cpu).
-        parser.set_defaults_with_config(bf16=False, **({} if _deepspeed() else {"use_cpu": True}))
+        parser.set_defaults_with_config(bf16=False, **({} if is_deepspeed() else {"use_cpu": True}))
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
     except ValueError as error:  # unknown recipe keys or flags, bad values
@@ -231,10 +232,6 @@ def _shipped_names(kind: str) -> list[str]:
     return sorted(path.stem for path in folder.glob("*.yaml")) if folder else []
 
 
-def _deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
-
-
 def _cpu_only() -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
@@ -249,7 +246,7 @@ def skip_deepspeed_shm_build() -> None:
     DeepSpeed compiles that C++ op when its communication backend starts, even for a single process, where there is
     nothing to reduce; with `DS_BUILD_OPS=0` that is minutes of compiling, and needs a compiler. Nothing else changes.
     """
-    if not _deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
+    if not is_deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
         return
     import torch
 
