@@ -5,7 +5,7 @@ import inspect
 import pytest
 from trl import GRPOTrainer
 
-from ts_trl.trainer import TRL_HOOKS
+from ts_trl.trl_internals import TRL_HOOKS
 
 # The parameters each hook had in the TRL release this package was written against (see pyproject's trl range).
 EXPECTED = {

@@ -5,6 +5,18 @@ from __future__ import annotations
 PROMPTS_CHECKED = 2000  # prompts of a dataset measured against the budget at construction
 
 
+def check_single_turn(seed_method: str, trainer_kwargs: dict) -> None:
+    """Seeds are spliced into single-turn generations: tools, custom rollouts and environments are refused."""
+    if seed_method == "none":
+        return
+    for unsupported in ("tools", "rollout_func", "environment_factory"):
+        if trainer_kwargs.get(unsupported):
+            raise ValueError(
+                f"seed_method={seed_method!r} cannot be combined with `{unsupported}`: seeds are spliced into "
+                "single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
+            )
+
+
 def check_one_generation_fits(dataset, generation_batch_size: int, num_generations: int) -> None:
     """TRL's sampler drops an incomplete generation batch, so a dataset smaller than one would train 0 steps."""
     if not hasattr(dataset, "__len__"):

@@ -22,6 +22,8 @@ from .planning import GroupPlan
 from .prefix_forcing import strip_forced
 from .snapshots import PendingRollout
 
+PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
+
 
 @dataclass
 class Generation:
@@ -41,6 +43,11 @@ class SeedBatch:
     plan: GroupPlan
     mask_truncated: bool  # TRL's `mask_truncated_completions`, applied through the loss mask instead (see trainer)
     generation: Generation = field(default_factory=Generation)
+
+    @property
+    def global_prefix_lens(self) -> np.ndarray:
+        """Per global row, the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt)."""
+        return np.where(self.plan.global_seeded, self.plan.global_prefix_len, 0)
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,27 @@ def assemble_responses(
 def prompt_key(row: dict) -> str:
     """The prompt id of a dataset row: its `prompt_id` when it has one, else the prompt's stable hash."""
     return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(row["prompt"])
+
+
+class PromptLengths:
+    """Token counts of prompts by prompt key, each prompt tokenized once by `tokenize` (a batch holds
+    `num_generations` copies of each, and prompts come back every epoch); up to `PROMPT_LENGTHS_KEPT` are kept."""
+
+    def __init__(self, tokenize):
+        self.tokenize = tokenize  # prompts -> their token ids, as the generation backend will see them
+        self.known: dict[str, int] = {}
+
+    def __call__(self, rows: Sequence[dict], keys: Sequence[str]) -> list[int]:
+        if len(self.known) >= PROMPT_LENGTHS_KEPT:
+            self.known.clear()
+        missing: dict[str, int] = {}
+        for row, key in enumerate(keys):
+            if key not in self.known:
+                missing.setdefault(key, row)
+        if missing:
+            prompt_ids = self.tokenize([rows[row]["prompt"] for row in missing.values()])
+            self.known.update((key, len(ids)) for key, ids in zip(missing, prompt_ids))
+        return [self.known[key] for key in keys]
 
 
 def pending_rollouts(

@@ -18,6 +18,8 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
+- `__init__`: refuses bad input before any generation (`checks.py`); a model built in memory gets a folder for TRL
+  to load its KL reference from (`trl_internals.loadable_by_path`), DeepSpeed gets accelerate's process group.
 - `train`: rebuilds the seed bank from the checkpoint's snapshot on resume; `_save_checkpoint` writes the checkpoint's
   seed shard first; the pushes keep `seeds/` out of the model repo.
 
@@ -45,13 +47,13 @@ from trl import GRPOTrainer
 
 from .backends import SeededBackend, replaced
 from .cards import THINKING_SEEDS_CITATION, render_model_card
-from .checks import check_one_generation_fits, check_seedable_dataset, check_success_reward
+from .checks import check_one_generation_fits, check_seedable_dataset, check_single_turn, check_success_reward
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .config import SeedGRPOConfig
 from .cutting import SeedSplicer, boundary_token_ids
 from .old_tokens import old_token_inputs, weight_old_tokens
 from .planning import GroupPlan, GroupPlanner, state_advantages
-from .seed_batch import SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
+from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
 from .seed_metrics import generated_length_metrics, seed_metrics
 from .snapshots import (
     SeedSnapshotCallback,
@@ -61,11 +63,7 @@ from .snapshots import (
     sampling_settings,
     tokenizer_fingerprint,
 )
-from .trl_internals import TRL_HOOKS, loadable_by_path, seeds_kept_out_of_model_repo
-
-__all__ = ["SeedGRPOTrainer", "TRL_HOOKS"]
-
-PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
+from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo
 
 
 class SeedGRPOTrainer(GRPOTrainer):
@@ -112,20 +110,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._seed_batch: SeedBatch | None = None  # the generation batch being made, see `_generate_and_score_...`
-        self._prompt_length_of: dict[str, int] = {}  # prompt key -> tokens, see `_prompt_lengths`
+        self._prompt_length_of = PromptLengths(lambda prompts: self._tokenize_prompts(prompts)[0])
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
 
     def _check_inputs(self, train_dataset, kwargs: dict) -> None:
         """Refuses, before any generation, what seeding cannot run on (see `checks.py`)."""
         args = self.args
-        if args.seed_method != "none":
-            for unsupported in ("tools", "rollout_func", "environment_factory"):
-                if kwargs.get(unsupported):
-                    raise ValueError(
-                        f"seed_method={args.seed_method!r} cannot be combined with `{unsupported}`: seeds are spliced "
-                        "into single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
-                    )
+        check_single_turn(args.seed_method, kwargs)
         if train_dataset is None:
             return
         check_one_generation_fits(train_dataset, args.generation_batch_size, self.num_generations)
@@ -206,30 +198,17 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs), lengths)
 
     def _prompt_lengths(self, inputs, keys: list[str]) -> list[int | None]:
-        """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions.
-
-        A prompt is tokenized once (a batch holds `num_generations` copies of each, and prompts come back every
-        epoch); up to about `PROMPT_LENGTHS_KEPT` distinct prompts are remembered."""
+        """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions."""
         if self.planner.max_positions is None or self.args.seed_method != "seeds" or self.args.seed_fraction == 0:
             return [None] * len(inputs)
-        known = self._prompt_length_of
-        if len(known) >= PROMPT_LENGTHS_KEPT:
-            known.clear()
-        missing = {}
-        for row, key in enumerate(keys):
-            if key not in known:
-                missing.setdefault(key, row)
-        if missing:
-            prompt_ids, _, _ = self._tokenize_prompts([inputs[row]["prompt"] for row in missing.values()])
-            known.update((key, len(ids)) for key, ids in zip(missing, prompt_ids))
-        return [known[key] for key in keys]
+        return self._prompt_length_of(inputs, keys)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         batch = self._seed_batch
         generate = super()._generate_single_turn
         if batch is None or not batch.plan.any_seeded:
             # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
-            lens = self._global_prefix_lens(batch)
+            lens = batch.global_prefix_lens if batch is not None else None
             with self.backend.patched(lens, [0] * len(prompt_ids), self.max_completion_length):
                 return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         plan = batch.plan
@@ -238,7 +217,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             prompt_ids, plan, self.seed_splicer, self.max_completion_length, self.backend.forces_prefixes, any_rows
         )
         patched = self.backend.patched(
-            self._global_prefix_lens(batch), request.prefix_lens, request.budget, request.sent(request.forced)
+            batch.global_prefix_lens, request.prefix_lens, request.budget, request.sent(request.forced)
         )
         with patched:
             continuations, logprobs = generate(
@@ -249,13 +228,6 @@ class SeedGRPOTrainer(GRPOTrainer):
         )
         batch.generation.response_masks = masks
         return completion_ids, sampling_logprobs
-
-    @staticmethod
-    def _global_prefix_lens(batch: SeedBatch | None) -> np.ndarray | None:
-        """Per global row, the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt)."""
-        if batch is None:
-            return None
-        return np.where(batch.plan.global_seeded, batch.plan.global_prefix_len, 0)
 
     def _generate(self, prompts):
         result = super()._generate(prompts)
