@@ -13,6 +13,17 @@ import torch
 
 from .planning import GroupPlan
 
+# TRL's length metrics of a batch, which `_generate` appends and the trainer overwrites with `generated_length_metrics`.
+LENGTH_METRICS = (
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
+
 
 def seed_metrics(
     plan: GroupPlan,
@@ -77,13 +88,6 @@ def generated_length_metrics(
     kept = torch.as_tensor(~plan.global_replayed, device=device)
     lengths, clipped = lengths[kept].float(), clipped[kept]
     terminated = lengths[~clipped] if (~clipped).any() else torch.zeros(1, device=device)
-    values = {
-        "completions/mean_length": lengths.mean(),
-        "completions/min_length": lengths.min(),
-        "completions/max_length": lengths.max(),
-        "completions/clipped_ratio": clipped.float().mean(),
-        "completions/mean_terminated_length": terminated.mean(),
-        "completions/min_terminated_length": terminated.min(),
-        "completions/max_terminated_length": terminated.max(),
-    }
-    return {key: value.item() for key, value in values.items()}
+    values = (lengths.mean(), lengths.min(), lengths.max(), clipped.float().mean())
+    values += (terminated.mean(), terminated.min(), terminated.max())
+    return {key: value.item() for key, value in zip(LENGTH_METRICS, values)}
