@@ -9,15 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from accelerate import Accelerator
 
-from tests.conftest import tiny_prompts
+from tests.conftest import seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.snapshots import PendingRollout, SeedStore
-
-
-def _shard_rows(output_dir) -> dict[str, dict]:
-    seeds = Path(output_dir) / "seeds"
-    return {r["rollout_id"]: r for f in sorted(seeds.glob("step-*.parquet")) for r in pq.read_table(f).to_pylist()}
 
 
 def _seeded_share(trainer) -> float:
@@ -124,7 +119,7 @@ def test_success_is_the_named_reward_above_its_threshold(make_trainer, selection
         reward=[correct, format_bonus], seed_selection=selection, dataset=tiny_prompts(2), max_steps=4, save_steps=1
     )
     trainer.train()
-    rows = _shard_rows(trainer.args.output_dir)
+    rows = seed_rows(trainer.args.output_dir, by_id=True)
     seeded = [r for r in rows.values() if r["seed_origin"] is not None]
     assert seeded, f"seed_selection={selection!r} found no seed"
     for row in seeded:
