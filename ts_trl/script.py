@@ -35,8 +35,8 @@ EMBEDDED_DEFAULTS = {
     "output_dir": "runs/embedded",
     "use_cpu": True,
     "seed": 0,
-    # Chosen by on-policy GRPO's held-out gain alone (README, "How the embedded default was chosen"): with 8 prompts
-    # per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose, most on 2-3 numbers.
+    # Chosen by on-policy GRPO's held-out gain alone (docs/results-add.md, "How the task and budget were chosen"):
+    # with 8 prompts per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose.
     "learning_rate": 1e-4,
     "lr_scheduler_type": "constant",
     "per_device_train_batch_size": 256,  # 32 prompt groups of eight per step
@@ -45,7 +45,7 @@ EMBEDDED_DEFAULTS = {
     "temperature": 1.0,
     "beta": 0.0,
     "activation_checkpointing": False,  # the tiny model fits easily; recomputing its forward pass only costs time
-    "max_steps": 300,  # the seeded main job gained +0.13 in 200 steps, +0.21 in 300 (README, "The embedded default")
+    "max_steps": 300,  # the seeded main job still gains from 200 to 300 (docs/results-add.md)
     "save_steps": 20,
     "logging_steps": 5,
     "report_to": "none",

@@ -550,7 +550,8 @@ class SeedStore:
 
         So the ranks of a node share one copy of every snapshotted token id (the page cache) and keep only per-rollout
         metadata of their own. A rank that cannot see the file (another node without a shared output_dir) keeps its
-        own copy. Every rank calls this, at every snapshot: the barrier is a collective (invariant 9).
+        own copy. Every rank calls this, at every snapshot: the barrier is a collective, and every rank must run the same
+        collectives.
         """
         fresh = len(self.bank) - self.bank.num_snapshotted
         if self.accelerator.num_processes > 1:
