@@ -142,11 +142,11 @@ def test_unsnapshotted_rollouts_are_kept_compact(tmp_path):
         ids = rng.integers(0, 30000, size=tokens).tolist()  # as the backends hand them over: Python ints
         pending = PendingRollout(Rollout(f"id-{i}", "p", "q", "", ids, (), 1.0, 0), np.zeros(0, np.float32))
         pending.logprobs = rng.normal(size=tokens).astype(np.float32)
-        store.add_pending(pending)
+        store.queue([pending])
         del ids, pending
     store.flush()
     buffered = sum(table.nbytes for table in store.unsnapshotted)  # Arrow buffers: ids, log-probs, offsets, text
-    # int32 id + float32 log-prob is 8 bytes a token; the Python lists held before cost ~36 (a pointer and an int).
+    # int32 id + float32 log-prob is 8 bytes a token; Python lists would cost ~36 (a pointer and an int).
     assert buffered / (tokens * rows) < 8.5, f"{buffered / (tokens * rows):.1f} bytes per token held until the shard"
     path = store.write_snapshot(1)
     table = pq.read_table(path)
