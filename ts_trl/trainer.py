@@ -57,6 +57,7 @@ from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .prefix_forcing import ForcedPrefix, strip_forced
+from .schedule import SeedingWatch, check_seeding
 from .snapshots import (
     SEEDS_DIR,
     PendingRollout,
@@ -107,6 +108,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         _share_process_group_with_deepspeed()
+        schedule = check_seeding(args, train_dataset)  # before any model or vLLM work: a run that cannot seed stops
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusal below.
         with _loadable_by_path(model, needed=args.beta != 0.0):
@@ -173,6 +175,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._last_rewards_per_func: torch.Tensor | None = None
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
+            self.add_callback(SeedingWatch(schedule))
 
     # ----------------------------------------------------------------------------------------------------------------
     # Validation and run set-up
