@@ -31,7 +31,10 @@ def _warnings(caplog) -> list[str]:
         # one generation every two steps (steps_per_generation 4 over 2 accumulation steps); the shard of step 5
         # covers the first epoch, and the next generation is made after step 6
         dict(
-            max_steps=8, save_steps=5, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+            max_steps=8,
+            save_steps=5,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
             steps_per_generation=4,
         ),
     ],
@@ -98,7 +101,10 @@ def test_seed_fraction_zero_without_checkpoints_is_plain_grpo(tmp_path, tokenize
         **{**TINY_SETTINGS, "output_dir": str(tmp_path / "run"), "seed_fraction": 0.0, "save_strategy": "no"}
     )
     trainer = SeedGRPOTrainer(
-        model=build_tiny_model(tokenizer), reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(),
+        model=build_tiny_model(tokenizer),
+        reward_funcs=count_reward,
+        args=args,
+        train_dataset=tiny_prompts(),
         processing_class=tokenizer,
     )
     trainer.train()
@@ -151,8 +157,12 @@ def test_multi_turn_options_are_refused_with_seeding_and_accepted_without(tmp_pa
     def build(**settings):
         args = SeedGRPOConfig(**{**TINY_SETTINGS, "output_dir": str(tmp_path / "run"), **settings})
         return SeedGRPOTrainer(
-            model=build_tiny_model(tokenizer), reward_funcs=count_reward, args=args, train_dataset=chats,
-            processing_class=tokenizer, **option,
+            model=build_tiny_model(tokenizer),
+            reward_funcs=count_reward,
+            args=args,
+            train_dataset=chats,
+            processing_class=tokenizer,
+            **option,
         )
 
     with pytest.raises(ValueError, match=f"cannot be combined with `{name}`.*seed_method='none'"):

@@ -54,13 +54,15 @@ class SeedingSchedule:
             if self.first_seeded_step is not None
             else "no group can be seeded within the run"
         )
-        reasons = [f"a prompt first comes back at step {self.first_return_step}" if self.first_return_step else ""]
-        if self.first_return_step is None:
-            reasons = ["no prompt comes back (one pass over the prompts)"]
+        reasons = [
+            f"a prompt first comes back at step {self.first_return_step}"
+            if self.first_return_step is not None
+            else "no prompt comes back within the run (each is generated once)"
+        ]
         if self.first_snapshot_step is not None:
             reasons.append(f"the first seed shard is written after step {self.first_snapshot_step}")
         return (
-            f"{shape}; {when}: {', '.join(r for r in reasons if r)}. Seeds are drawn per prompt, so prompts must come "
+            f"{shape}; {when}: {', '.join(reasons)}. Seeds are drawn per prompt, so prompts must come "
             "back: raise num_train_epochs (or max_steps), train on fewer prompts (max_train_samples), and write seed "
             "shards early (seed_snapshot_steps, save_steps); seed_min_age delays seeding further. seed_method='none' "
             "trains plain GRPO."
@@ -133,7 +135,9 @@ def seeding_schedule(
             cutoff = t - seed_min_age
             if seed_snapshot_only:
                 cutoff = min(cutoff, last_snapshot(t) - 1)
-            if shuffle_dataset:  # the prompt sat in a uniformly random generation of each earlier epoch
+            if cutoff < 0:
+                share = 0.0
+            elif shuffle_dataset:  # the prompt sat in a uniformly random generation of each earlier epoch
                 full = sum(chunks_by(e, cutoff) == chunks for e in range(epoch))
                 partial = next((chunks_by(e, cutoff) for e in range(epoch) if chunks_by(e, cutoff) < chunks), 0)
                 miss = (1 - covered) ** full * (1 - partial * prompts_per_generation / num_prompts)
