@@ -20,7 +20,8 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `__init__`: with `beta != 0`, a model built in memory (no `_name_or_path`) is saved to a temporary folder while
   TRL's constructor loads the KL reference model from it (`_loadable_by_path`); under DeepSpeed, the process group
   accelerate started is handed to `deepspeed.comm` first (`_share_process_group_with_deepspeed`); a dataset smaller
-  than one generation is refused instead of training 0 steps.
+  than one generation is refused instead of training 0 steps; a run whose epochs could never seed is refused, and
+  one that would seed late is warned about, before any model work (`schedule.py`).
 
 Everything else lives in its own module: which groups are seeded and where cut in `planning.py` (pure NumPy), cuts,
 splices and importance weights in `cutting.py`, and the bank with everything it persists (run id, manifest, shards,
