@@ -205,12 +205,14 @@ def check_seeding(args, train_dataset) -> SeedingSchedule | None:
         return schedule
     if schedule.first_seeded_step is None:
         message = f"seed_method={args.seed_method!r} would train plain GRPO: {schedule.describe()}"
-        if args.max_steps > 0:
-            logger.warning(message)
-        else:
+        if args.max_steps <= 0:
             raise ValueError(message)
     elif schedule.late:
-        logger.warning(f"Seeding starts late, after {LATE_SHARE:.0%} of the run: {schedule.describe()}")
+        message = f"Seeding starts late, after {LATE_SHARE:.0%} of the run: {schedule.describe()}"
+    else:
+        return schedule
+    if args.process_index == 0:  # every rank computes the same schedule; one says so
+        logger.warning(message)
     return schedule
 
 
