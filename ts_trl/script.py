@@ -102,9 +102,9 @@ class SeedScriptArguments(ScriptArguments):
             about 0.16 at temperature 1, against 0.45 for 2 numbers).
         embedded_min_difficulty (`int`, *optional*, defaults to `1`):
             Fewest additions per problem; each level from here to `embedded_difficulty` is equally likely.
-        embedded_train_problems (`int`, *optional*, defaults to `1024`):
-            Size of the built-in training set: too many to memorise, few enough that prompts come back (nine times
-            each in the default run) and find seeds in the bank.
+        embedded_train_problems (`int`, *optional*, defaults to `896`):
+            Size of the built-in training set: too many to memorise, few enough that prompts come back (about eleven
+            times each in the default run, the first time at step 29 of 300) and find seeds in the bank.
         embedded_eval_problems (`int`, *optional*, defaults to `256`):
             Size of the held-out set on which pass@1 is measured during training (0: no evaluation).
         embedded_eval_samples (`int`, *optional*, defaults to `8`):
@@ -132,7 +132,7 @@ class SeedScriptArguments(ScriptArguments):
     )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
-    embedded_train_problems: int = field(default=1024, metadata={"help": "Built-in task: training problems."})
+    embedded_train_problems: int = field(default=896, metadata={"help": "Built-in task: training problems."})
     embedded_eval_problems: int = field(
         default=256, metadata={"help": "Built-in task: held-out problems for pass@1 (0: no evaluation)."}
     )

@@ -18,7 +18,8 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
-- `__init__`: refuses bad input before any generation (`checks.py`); a model built in memory gets a folder for TRL
+- `__init__`: refuses bad input before any generation (`checks.py`), and a run whose epochs could never seed
+  (`schedule.py`, which also warns when seeding starts late); a model built in memory gets a folder for TRL
   to load its KL reference from (`trl_internals.loadable_by_path`), DeepSpeed gets accelerate's process group.
 - `train`: rebuilds the seed bank from the checkpoint's snapshot on resume; `_save_checkpoint` writes the checkpoint's
   seed shard first; the pushes keep `seeds/` out of the model repo.
@@ -54,6 +55,7 @@ from .cutting import SeedSplicer, boundary_token_ids
 from .old_tokens import old_token_inputs, weight_old_tokens
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
+from .schedule import SeedingWatch, check_seeding
 from .seed_metrics import generated_length_metrics, seed_metrics
 from .snapshots import (
     SeedSnapshotCallback,
@@ -89,6 +91,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         share_process_group_with_deepspeed()
+        schedule = check_seeding(args, train_dataset)  # before any model or vLLM work: a run that cannot seed stops
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusals below.
         with loadable_by_path(model, needed=args.beta != 0.0):
@@ -113,6 +116,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._prompt_length_of = PromptLengths(lambda prompts: self._tokenize_prompts(prompts)[0])
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
+            self.add_callback(SeedingWatch(schedule))
 
     def _check_inputs(self, train_dataset, kwargs: dict) -> None:
         """Refuses, before any generation, what seeding cannot run on (see `checks.py`)."""
