@@ -54,8 +54,8 @@ from .config import SeedGRPOConfig
 from .cutting import SeedSplicer, boundary_token_ids
 from .old_tokens import old_token_inputs, weight_old_tokens
 from .planning import GroupPlan, GroupPlanner, state_advantages
-from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
 from .schedule import SeedingWatch, check_seeding
+from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
 from .seed_metrics import generated_length_metrics, seed_metrics
 from .snapshots import (
     SeedSnapshotCallback,
