@@ -178,12 +178,31 @@ def _cgroup_parents() -> tuple[tuple[str, str], ...]:
             if all(folder for _, folder in parents):
                 try:
                     _remove_cgroups(_make_cgroups(parents, Limits()))
+                    _remove_stale_cgroups(parents)
                     return parents
                 except OSError as error:
                     logger.debug("no cgroup per run under %s: %s", parents, error)
     except (OSError, ValueError, IndexError) as error:
         logger.debug("cgroups not readable: %s", error)
     return ()
+
+
+def _remove_stale_cgroups(parents) -> None:
+    """Removes the per-run cgroups that a process killed mid-run (kill -9, OOM) left behind."""
+    for _, parent in parents:
+        for name in os.listdir(parent):
+            if name.startswith("ts_trl_sandbox_") and not _alive(int(name.split("_")[3])):
+                _remove_cgroups([os.path.join(parent, name)])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _make_cgroups(parents, limits: Limits) -> list[str]:
