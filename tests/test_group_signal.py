@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import count_reward, logged
+from tests.conftest import count_reward, logged
 from ts_trl.group_signal import zero_std_shares
 
 NAN = float("nan")
@@ -30,7 +30,7 @@ def test_zero_std_shares_of_hand_made_groups():
         "seeds/zero_std_share_replayed": 0.0,
     }
     # A batch without seeded groups logs no seeded share (not a 0 that would pull the mean down).
-    assert zero_std_shares([1, 1, 0, 1], 2, [False] * 4) == {"seeds/zero_std_share_plain": pytest.approx(1 / 2)}
+    assert zero_std_shares([1, 1, 0, 1, 2, 2], 2, [False] * 6) == {"seeds/zero_std_share_plain": pytest.approx(2 / 3)}
 
 
 def _half_constant_reward(completions, prompts, **kwargs):

@@ -30,8 +30,10 @@ def zero_std_shares(rewards, num_generations: int, seeded, replayed=None) -> dic
     """
     rewards = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
     seeded = np.asarray(seeded, dtype=bool).reshape(-1, num_generations).any(axis=1)
-    replayed = np.zeros_like(seeded) if replayed is None else np.asarray(replayed, dtype=bool)
-    replayed = replayed.reshape(-1, num_generations).any(axis=1) & ~seeded
+    if replayed is None:
+        replayed = np.zeros_like(seeded)
+    else:
+        replayed = np.asarray(replayed, dtype=bool).reshape(-1, num_generations).any(axis=1) & ~seeded
     scored = ~np.isnan(rewards)
     high = np.where(scored, rewards, -np.inf).max(axis=1)
     low = np.where(scored, rewards, np.inf).min(axis=1)

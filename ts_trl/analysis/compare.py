@@ -8,12 +8,16 @@ scored on the held-out split with the same sampling seed per RNG seed (common ra
 compared *paired*: per RNG seed and per held-out prompt. Generated tokens are counted apart from seed-prefix and
 replayed tokens, which cost no generation.
 
-What it reports, per method against `none`: the difference in held-out pass@1 and pass@8 at equal optimizer steps
-(the end of training) and at equal generated tokens (each run's curve interpolated linearly, per prompt, at the
-budget where the cheapest run stops), with 95% confidence intervals from a bootstrap over RNG seeds and held-out
-prompts; and state coverage over training: `ts_trl.analysis.common.prefix_overlap`, E_q[min(1, p/q)], over prefixes
-of the warm model's rollouts on training prompts (the states every run's first checkpoint reached). Runs go in
-parallel worker processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
+What it reports, per method against `none` (and seeds-state against seeds-action and replay, the paper's other
+claims): the primary endpoint, fixed in advance, is the held-out pass@1 difference at equal optimizer steps, paired per
+RNG seed, with a paired t interval over the seeds' means (`stats.paired_t`, df = seeds - 1), its p-value, the
+two-way bootstrap over RNG seeds and prompts as a sensitivity check, and the smallest effect the run could detect.
+Secondary endpoints, Holm-corrected as one family per comparison: pass@8 at equal steps, pass@1 and pass@8 at equal
+generated tokens (each run's per-prompt curve interpolated linearly at the budget where the cheapest run stops),
+state coverage (`ts_trl.analysis.common.prefix_overlap`, E_q[min(1, p/q)], over prefixes of the warm model's
+rollouts on training prompts), the task's own endpoints, and, within each seeded run, the all-equal share of its
+seeded groups minus that of its plain groups. `docs/compare.md` states the protocol. Runs go in parallel worker
+processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
 """
 
 from __future__ import annotations
