@@ -27,6 +27,7 @@ import copy
 import csv
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="The embedded default's.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time, one process and one torch thread each.")
     parser.add_argument("--output-dir", default="compare", help="Where compare.md, the CSVs and compare.png go.")
+    parser.add_argument(
+        "--config",
+        help="A recipe (file or shipped name): run the methods on its model, data and rewards instead of the built-in "
+        "task. `ts_trl compare --config <recipe> --help` lists what it takes.",
+    )
     return parser
 
 
@@ -150,6 +156,11 @@ def budget_from(args) -> Budget:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--config" or a.startswith("--config=") for a in argv):
+        from .recipe_compare import main as compare_recipe  # the arms on a recipe's model, data and rewards
+
+        return compare_recipe(argv)
     args = build_parser().parse_args(argv)
     args.methods = [BASELINE] + [m for m in dict.fromkeys(args.methods) if m != BASELINE]
     budget = budget_from(args)
@@ -253,7 +264,13 @@ def _task(args):
 
 def _endpoints(args) -> tuple[str, ...]:
     """The per-run secondary endpoints: coverage, then the task's own (result columns its evaluation writes)."""
+    if hasattr(args, "endpoints"):  # a recipe comparison names its own
+        return tuple(args.endpoints)
     return (*SCALAR_ENDPOINTS, *getattr(_task(args), "endpoints", ()))
+
+
+def _title(args) -> str:
+    return getattr(args, "title", None) or f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
 
 
 def _map(function, items, jobs):
@@ -735,12 +752,12 @@ def format_table(summary: list[dict], differences: list[dict], budget: Budget, a
     start = summary[0]["pass_at_1_mean"] - summary[0]["gain_mean"]
     k = summary[0]["k"]
     lines = [
-        f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty}), {budget.steps} steps x "
+        f"{_title(args)}, {budget.steps} steps x "
         f"{budget.prompts_per_step} prompts x {budget.num_generations} generations, {summary[0]['runs']} RNG seeds; "
-        f"held-out pass@1 and pass@{k} over {budget.n_eval} prompts x {budget.eval_samples} samples at temperature 1 "
-        f"(warm start pass@1: {start:.3f}).",
+        f"held-out pass@1 and pass@{k} over {budget.n_eval} prompts x {budget.eval_samples} samples at temperature "
+        f"{getattr(args, 'temperature', 1.0):g} (start pass@1: {start:.3f}).",
         "",
-        f"| method | pass@1 (mean ± std) | change vs. warm start | pass@{k} | state coverage | generated tokens | "
+        f"| method | pass@1 (mean ± std) | change vs. start | pass@{k} | state coverage | generated tokens | "
         "reused tokens | wall time (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -844,7 +861,7 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"Embedded task, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
+        f"{_title(args)}, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
         f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
         fontsize=10,
     )
