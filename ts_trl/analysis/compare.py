@@ -859,7 +859,8 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a panel may have no curve yet (no seeded step)
+            ax.legend(fontsize=7)
     fig.suptitle(
         f"{_title(args)}, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
         f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
