@@ -1,15 +1,19 @@
 """Runs untrusted Python in a throwaway sandbox; `python -m ts_trl.rewards.sandbox` prints the layers active here."""
 
 # Layers, each used when this machine allows it, because a reward must never let a sampled program touch the host:
-# - `unshare`: new mount, network (loopback only, down) and pid namespaces, as root or inside a user namespace;
+# - `unshare`: new mount, network (loopback only, down), pid, IPC and UTS namespaces, as root or inside a user
+#   namespace; SysV and POSIX IPC objects die with the run;
 # - a filesystem of its own (with a mount namespace): a fresh tmpfs root holding only the Python runtime and the
 #   system libraries read-only, a private size-capped /tmp as its working directory and /dev/{null,zero,urandom};
 #   no home, no project checkout, no caches, no /proc (see `_harness._build_root`);
 # - a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite;
-# - rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
+# - a cgroup per run (memory and pids) where this process may make one, else a single-process program (below);
+# - seccomp, rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
+# - a fresh session keyring per process, and throwaway uids' user keyrings emptied around each run;
 # - a scrubbed environment, a wall-clock timeout that SIGKILLs the whole process group, capped output;
 # - a judge: the tests run in a separate interpreter that talks to the program's only in plain data, and only the
 #   judge can report a verdict (see `_harness.py` for why that is sound).
+# docs/sandbox.md says what each layer stops, and what none does, as measured.
 # bubblewrap does the same namespace work; it is not used, so that one code path runs, and is tested, everywhere.
 
 from __future__ import annotations
