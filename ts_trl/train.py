@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trl import ScriptArguments, TrlParser
 
+from .flags import store_help, wants_help
 from .resources import packaged_file
 
 logger = logging.getLogger(__name__)
@@ -148,19 +149,51 @@ class SeedScriptArguments(ScriptArguments):
 # Arguments
 
 
+TRAIN_DESCRIPTION = (
+    "Trains with Thinking Seeds: TRL's GRPO flags plus the seeding ones. Without --model_name_or_path and a dataset it "
+    "runs the embedded default (the built-in task and the package's tiny model, offline on CPU), which changes the "
+    "defaults marked 'embedded default' below (the shipped recipe `embedded` holds them)."
+)
+
+
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None) -> TrlParser:
-    """The parser of `ts_trl train` (a subcommand of `subparsers` when given), as TRL's scripts build theirs."""
+    """The parser of `ts_trl train` (a subcommand of `subparsers` when given), as TRL's scripts build theirs.
+
+    Its help shows the defaults of TRL's fields as they hold in general, each with the embedded default's value where
+    that differs, and lists `--config`.
+    """
     from trl import ModelConfig
 
     from .config import SeedGRPOConfig
+    from .flags import DefaultsHelpFormatter
 
-    dataclass_types = (SeedScriptArguments, SeedGRPOConfig, ModelConfig)
+    kwargs = {
+        "dataclass_types": (SeedScriptArguments, SeedGRPOConfig, ModelConfig),
+        "formatter_class": DefaultsHelpFormatter,
+        "description": TRAIN_DESCRIPTION,
+        "usage": "%(prog)s [--config RECIPE] [--<flag> VALUE ...]",
+    }
     if subparsers is not None:
-        return subparsers.add_parser(
-            "train", help="train with Thinking Seeds (the embedded default without arguments)",
-            dataclass_types=dataclass_types,
-        )  # fmt: skip
-    return TrlParser(dataclass_types, prog=prog)
+        parser = subparsers.add_parser("train", help=TRAIN_DESCRIPTION.split(":")[0], **kwargs)
+    else:
+        parser = TrlParser(prog=prog, **kwargs)
+    # TrlParser reads --config itself before argparse parses; declared here so that --help lists it, first.
+    config = parser.add_argument(
+        "--config",
+        metavar="RECIPE",
+        default=argparse.SUPPRESS,
+        help="A recipe: a YAML file of these flags, or a shipped recipe's name ("
+        + ", ".join(_shipped_names("recipes"))
+        + "). Flags on the command line override it.",
+    )
+    parser._optionals._group_actions.remove(config)
+    parser._optionals._group_actions.insert(1, config)  # after -h
+    for action in parser._actions:
+        if action.dest in EMBEDDED_DEFAULTS and EMBEDDED_DEFAULTS[action.dest] != action.default:
+            embedded = EMBEDDED_DEFAULTS[action.dest]
+            embedded = " ".join(embedded) if isinstance(embedded, list) else embedded
+            action.help = f"{action.help or ''} (default: %(default)s; embedded default: {embedded})".lstrip()
+    return parser
 
 
 def parse_args(parser: TrlParser, argv: list[str] | None = None):
@@ -170,6 +203,12 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     Unknown recipe keys and flags raise `ConfigError`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv) and "--config" not in argv:
+        # The general defaults, not the embedded default's or this machine's; saved for the next --help.
+        text = parser.format_help()
+        store_help(parser.prog, text)
+        print(text, end="")
+        raise SystemExit(0)
     recipe = {}
     if "--config" in argv:
         index = argv.index("--config") + 1
@@ -181,7 +220,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         recipe = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(recipe, dict):
             raise ConfigError(f"--config {path}: a recipe must be a YAML mapping of argument names to values.")
-    known = {action.dest for action in parser._actions} | {"env"}
+    known = ({action.dest for action in parser._actions} - {"config"}) | {"env"}
     unknown = sorted(set(recipe) - known)
     if unknown:
         import difflib

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
+from ts_trl.flags import cache_root
 from ts_trl.tiny import build_tiny_model, build_tokenizer, save_model_from_this_rank
 
 DEFAULT_MODEL_KWARGS = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "max_positions": 256, "seed": 0}
@@ -23,7 +24,7 @@ CACHE_VERSION = 1  # bump when the training loop changes, so old caches stop mat
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl")) / "warmup"
+    return cache_root() / "warmup"
 
 
 def warm_up(
