@@ -18,7 +18,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -460,14 +459,14 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     from trl import get_peft_config, get_quantization_config
 
     from . import SeedGRPOTrainer
+    from .console import use_compact_console
     from .data import load_training_data
+    from .embedded.cpu import embedded_training_threads, torch_threads
     from .embedded.report import held_out_pass_at_1, report_run
     from .rewards import check_reward_columns, get_reward_funcs
     from .snapshots import SaveOnInterrupt
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    # TRL 1.16 still calls the transformers 5 names deprecated for v6; the warning repeats at every step.
-    warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
     start = time.time()
     embedded = is_embedded_task(script_args)
     with fail_clearly():
@@ -480,6 +479,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
         reward_funcs = get_reward_funcs(script_args.reward_funcs or ["embedded"])
         check_reward_columns(train_dataset, reward_funcs)
         interrupt = SaveOnInterrupt()
+        curve = learning_curve(script_args, training_args, eval_dataset) if embedded else None
         trainer = SeedGRPOTrainer(
             model=model,
             reward_funcs=reward_funcs,
@@ -491,9 +491,12 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit/--load_in_8bit
             # A Ctrl-C save is a checkpoint like any other, with its seed shard; the learning curve is the built-in
             # task's held-out pass@1 every few steps (learning_curve.png).
-            callbacks=[interrupt] + ([learning_curve(script_args, training_args, eval_dataset)] if embedded else []),
+            callbacks=[interrupt] + ([curve] if curve else []),
         )
         interrupt.accelerator = trainer.accelerator
+        if curve:
+            curve.report_through(trainer)  # held-out pass@1 reaches every report_to tracker
+        use_compact_console(trainer)  # one line per logging step; every metric still reaches report_to
         if training_args.resume_from_checkpoint and training_args.seed_method != "none":
             trainer.seed_store.resume_shards(training_args.resume_from_checkpoint)  # one line, not a traceback
     trainer.accelerator.print(
@@ -501,7 +504,8 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     )
     samples = script_args.embedded_eval_samples
     before = held_out_pass_at_1(trainer, eval_dataset, samples) if embedded else None
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    with torch_threads(embedded_training_threads() if embedded else None):
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     after = held_out_pass_at_1(trainer, eval_dataset, samples) if embedded else None
 
     trainer.save_model(training_args.output_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,3 +23,15 @@ def torch_threads(num_threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def embedded_training_threads() -> int | None:
+    """torch's thread count while the embedded default trains: one, unless `OMP_NUM_THREADS` asks for a number.
+
+    Its intra-op threads meet at a barrier after every small operation, so a core that another process holds makes
+    every step wait for its slowest thread. On 2 cores, 10 steps of the main job (on-policy, warm-up cached) took 45 s
+    with one thread and 494 s with torch's default two, beside other work (load average 10-12); with nothing else
+    running, two threads were only about a quarter faster. One thread keeps a run near its documented time wherever
+    some core is busy. `None`: the user set OMP_NUM_THREADS, which torch already follows.
+    """
+    return None if os.environ.get("OMP_NUM_THREADS") else 1
