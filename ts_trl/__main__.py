@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         if wants_help(argv[1:]) and "--config" not in argv and (text := cached_help(prog)) is not None:
             print(text, end="")  # what `ts_trl train --help` printed last time, without importing TRL
             return 0
-        from .train import run
+        from .script import run
 
         return run(argv[1:], prog=prog)
     return import_module(ANALYSES[argv[0]][0]).cli(argv[1:])

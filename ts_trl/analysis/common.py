@@ -93,7 +93,7 @@ def check_ratios(ratios: Sequence[float]) -> list[float]:
     return sorted(set(ratios))
 
 
-def load_prompts(source: str, limit: int | None = None, seed: int = 0) -> list[dict]:
+def load_prompts(source: str, limit: int | None = None, task_seed: int = 0) -> list[dict]:
     """Rows with `prompt` and `answer` from a .jsonl or .parquet file, or `embedded` (the built-in task's held-out set).
 
     A `prompt_id` column is kept when present, else the prompt's stable hash is used.
@@ -104,7 +104,7 @@ def load_prompts(source: str, limit: int | None = None, seed: int = 0) -> list[d
         from ..embedded.task import EmbeddedTask
 
         difficulty = int(source.split(":", 1)[1]) if ":" in source else 2
-        rows = EmbeddedTask(difficulty=difficulty, seed=seed).make_splits(1, limit or 64)[1].to_list()
+        rows = EmbeddedTask(difficulty=difficulty, seed=task_seed).make_splits(1, limit or 64)[1].to_list()
     else:
         path = Path(source).expanduser()
         if not path.is_file():
@@ -227,7 +227,7 @@ def sample_continuations(
     tokenizer,
     contexts: Sequence[Sequence[int]],
     budgets: Sequence[int],
-    seed: int,
+    rng_seed: int,
     batch_size: int = 64,
     sampling: Sampling = Sampling(),
     desc: str = "sampling",
@@ -237,12 +237,12 @@ def sample_continuations(
     """Samples one continuation per context (token ids), each cut at its budget and after its first EOS.
 
     Sampling follows `sampling` (temperature, top-k, top-p, min-p, repetition penalty) as the run's generation did,
-    and is deterministic given `seed`; a temperature of 0 is greedy.
+    and is deterministic given `rng_seed`; a temperature of 0 is greedy.
 
     With `streams`, sampling uses common random numbers: context `i` draws the token at response position
-    `offsets[i] + t` (`offsets` defaults to 0) from the uniform number `seed`, `streams[i]` and that position fix, by
-    inverting the cumulative distribution. The same context, stream and offset then give the same tokens under the
-    same model, in any batch or call, and the same stream under two models gives them the same random numbers.
+    `offsets[i] + t` (`offsets` defaults to 0) from the uniform number that `rng_seed`, `streams[i]` and that position
+    fix, by inverting the cumulative distribution. The same context, stream and offset then give the same tokens under
+    the same model, in any batch or call, and the same stream under two models gives them the same random numbers.
     """
     import torch
     from tqdm.auto import tqdm
@@ -256,7 +256,7 @@ def sample_continuations(
         offsets = list(offsets) if offsets is not None else [0] * len(contexts)
         positions = max(offsets, default=0) + max(budgets, default=0)
     with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
+        torch.manual_seed(rng_seed)
         for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
             batch = [i for i in order[start : start + batch_size] if budgets[i] > 0]
             if not batch:
@@ -268,7 +268,7 @@ def sample_continuations(
                 input_ids[row, width - len(contexts[i]) :] = torch.tensor(list(contexts[i]))
                 attention_mask[row, width - len(contexts[i]) :] = 1
             if common:
-                uniforms = [stream_uniforms(seed, streams[i], positions) for i in batch]
+                uniforms = [stream_uniforms(rng_seed, streams[i], positions) for i in batch]
                 draw = InverseCdfSampling(uniforms, [offsets[i] for i in batch], width)
                 how = {"do_sample": False, "logits_processor": _truncation(sampling, temperature=True) + [draw]}
             else:
@@ -335,11 +335,11 @@ def token_logprobs(
     return results
 
 
-def stream_uniforms(seed: int, stream: int, positions: int):
+def stream_uniforms(rng_seed: int, stream: int, positions: int):
     """The uniform numbers of one common-random-numbers stream, one per response position (see sample_continuations)."""
     import numpy as np
 
-    return np.random.default_rng([seed, stream]).random(positions)
+    return np.random.default_rng([rng_seed, stream]).random(positions)
 
 
 class InverseCdfSampling:
@@ -434,7 +434,7 @@ def prefix_overlap(logp_current, logp_behaviour):
 
 
 def paired_bootstrap(
-    differences: Sequence[Sequence[float]], resamples: int = 4000, seed: int = 0, level: float = 0.95
+    differences: Sequence[Sequence[float]], resamples: int = 4000, rng_seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float]:
     """Mean of paired differences with a percentile bootstrap interval that resamples clusters (e.g. prompts).
 
@@ -448,7 +448,7 @@ def paired_bootstrap(
         return math.nan, math.nan, math.nan
     sums = np.array([d.sum() for d in clusters])
     counts = np.array([len(d) for d in clusters], dtype=np.float64)
-    picks = np.random.default_rng(seed).integers(0, len(clusters), size=(resamples, len(clusters)))
+    picks = np.random.default_rng(rng_seed).integers(0, len(clusters), size=(resamples, len(clusters)))
     means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
