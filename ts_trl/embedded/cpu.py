@@ -29,9 +29,8 @@ def embedded_training_threads() -> int | None:
     """torch's thread count while the embedded default trains: one, unless `OMP_NUM_THREADS` asks for a number.
 
     Its intra-op threads meet at a barrier after every small operation, so a core that another process holds makes
-    every step wait for its slowest thread. On 2 cores, 10 steps of the main job (on-policy, warm-up cached) took 45 s
-    with one thread and 494 s with torch's default two, beside other work (load average 10-12); with nothing else
-    running, two threads were only about a quarter faster. One thread keeps a run near its documented time wherever
-    some core is busy. `None`: the user set OMP_NUM_THREADS, which torch already follows.
+    every step wait for the thread that shares it. On 2 cores beside other work (load average 10-17), 10 steps of the
+    main job took 45 s and 280 s with one thread, 494 s and 1345 s with torch's default two (docs/cli.md); on an idle
+    machine two threads are only about a fifth faster. `None`: the user set OMP_NUM_THREADS, which torch follows.
     """
     return None if os.environ.get("OMP_NUM_THREADS") else 1
