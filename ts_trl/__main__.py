@@ -12,7 +12,7 @@ from importlib import import_module
 
 from .flags import HELP_FLAGS, cached_help, wants_help
 
-# Analysis commands: the module whose `cli(argv)` runs it, and its one-line help.
+# Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
 ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
     "positions": ("ts_trl.analysis.positions", "per-position divergence of a checkpoint from a seed dataset"),
@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         from .script import run
 
         return run(argv[1:], prog=prog)
-    return import_module(ANALYSES[argv[0]][0]).cli(argv[1:])
+    from .analysis.common import run_command
+
+    return run_command(import_module(ANALYSES[argv[0]][0]).main, argv[1:])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..flags import accept_both_spellings
-from .common import InputError, output_dir, quiet_libraries, run_command, write_csv
+from .common import InputError, output_dir, quiet_libraries, run_command, save_figure, write_csv
 
 METHODS = {
     "none": {"seed_method": "none"},
@@ -712,14 +712,8 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    return run_command(main, argv)
+    save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    raise SystemExit(run_command(main))
