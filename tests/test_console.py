@@ -97,7 +97,6 @@ def test_relay_takes_either_spelling_of_each_flag(tmp_path, capsys):
 def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_per_step(tmp_path, capsys):
     """Every held-out pass@1 of the learning curve reaches the tracker (here TensorBoard's event file) at its step;
     the console shows one line per logging step, the full metrics go to metrics.jsonl."""
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     output_dir = tmp_path / "run"
