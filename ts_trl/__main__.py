@@ -16,7 +16,10 @@ from .flags import HELP_FLAGS, cached_help, wants_help
 ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
     "positions": ("ts_trl.analysis.positions", "per-position divergence of a checkpoint from a seed dataset"),
-    "compare": ("ts_trl.analysis.compare", "none / replay / seeds+action / seeds+state on the embedded task"),
+    "compare": (
+        "ts_trl.analysis.compare",
+        "none / replay / seeds+action / seeds+state on the embedded task or a recipe (--config)",
+    ),
 }
 COMMANDS = ("train", *ANALYSES)
 TRAIN_HELP = "train with Thinking Seeds (the embedded default without a model or a dataset)"

@@ -289,8 +289,8 @@ def sample_continuations(
                     "min_p": sampling.min_p,
                 }
             output = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
+                input_ids=input_ids.to(model.device),  # the model may sit on an accelerator
+                attention_mask=attention_mask.to(model.device),
                 max_new_tokens=max(budgets[i] for i in batch),
                 repetition_penalty=sampling.repetition_penalty,
                 pad_token_id=pad,
@@ -333,7 +333,8 @@ def token_logprobs(
             for row, (a, b) in enumerate(zip(ctx, comp)):  # right padding: positions stay those of a lone sequence
                 input_ids[row, : len(a) + len(b)] = torch.tensor(list(a) + list(b))
                 attention_mask[row, : len(a) + len(b)] = 1
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float() / temperature
+            inputs = {"input_ids": input_ids.to(model.device), "attention_mask": attention_mask.to(model.device)}
+            logits = model(**inputs).logits.float() / temperature
             for row, (a, b) in enumerate(zip(ctx, comp)):
                 positions = torch.arange(len(a) - 1, len(a) + len(b) - 1)
                 scores = logits[row, positions]
