@@ -67,7 +67,7 @@ def test_the_top_level_help_lists_the_commands_without_importing_trl(tmp_path):
     assert result.returncode == 0 and all(c in result.stdout for c in ("train", "relay", "positions", "compare"))
 
 
-@pytest.mark.parametrize("command", ["relay", "positions", "compare"])
+@pytest.mark.parametrize("command", ["relay", "positions", "compare", "recipe_compare"])
 def test_analysis_flags_are_snake_case_and_the_dash_spellings_still_parse(command):
     from importlib import import_module
 
@@ -82,6 +82,7 @@ def test_analysis_flags_are_snake_case_and_the_dash_spellings_still_parse(comman
     required = {
         "relay": ["--checkpoint_a", "a", "--checkpoint-b", "b"],
         "positions": ["--seeds", "s", "--checkpoint", "c"],
+        "recipe_compare": ["--config", "embedded"],
     }
     for spelling in ("--output_dir", "--output-dir"):
         assert parser.parse_args([*required.get(command, []), spelling, "out"]).output_dir == "out"
