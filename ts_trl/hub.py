@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -275,6 +276,24 @@ class SeedHubPusher:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "<token>") if self._secret else text
+
+
+class HubUnreachableError(ConnectionError):
+    """The Hub could not be reached or refused a model-repo operation; its message is one line that says what to do."""
+
+
+@contextlib.contextmanager
+def one_line_hub_errors(action: str, fix: str):
+    """Turns a network or Hub failure inside the block into a `HubUnreachableError` of one line: what could not be
+    done (`action`), where, why, and `fix`. The client's own traceback (some 80 lines ending in a `ConnectError`)
+    is left out: it says nothing a user can act on beyond its last line, which the message keeps."""
+    try:
+        yield
+    except (HfHubHTTPError, httpx2.TransportError, ConnectionError, TimeoutError) as error:
+        if isinstance(error, HubUnreachableError):
+            raise
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise HubUnreachableError(f"Could not {action} on the Hub at {_endpoint()} ({reason}). {fix}") from None
 
 
 class PublicRepoError(ValueError):

@@ -55,6 +55,7 @@ from .collectives import pause_backend_threads_at_exit
 from .config import SeedGRPOConfig
 from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
+from .hub import one_line_hub_errors
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .prefix_forcing import ForcedPrefix, strip_forced
 from .snapshots import (
@@ -62,12 +63,13 @@ from .snapshots import (
     PendingRollout,
     SeedSnapshotCallback,
     SeedStore,
+    check_resume_checkpoint,
     load_seed_table,
     local_seed_dataset,
     sampling_settings,
     tokenizer_fingerprint,
 )
-from .tiny import save_model_from_this_rank
+from .tiny import save_base_for_adapter, save_model_from_this_rank
 
 PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
 
@@ -107,6 +109,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         _share_process_group_with_deepspeed()
+        # An adapter of a model built in memory must name a base that can be loaded: it is saved in output_dir.
+        save_base_for_adapter(model, kwargs.get("processing_class"), args.output_dir, kwargs.get("peft_config"))
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusal below.
         with _loadable_by_path(model, needed=args.beta != 0.0):
@@ -229,6 +233,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self.seed_store.bank
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        if isinstance(resume_from_checkpoint, (str, os.PathLike)):
+            check_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if self.args.seed_method != "none":
             checkpoint = resume_from_checkpoint
             if checkpoint is True:
@@ -734,8 +740,24 @@ class SeedGRPOTrainer(GRPOTrainer):
     # ----------------------------------------------------------------------------------------------------------------
     # The model repo: the model, its card and tokenizer; the seeds go to their own dataset repo
 
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        repo = self.args.hub_model_id or Path(self.args.output_dir).absolute().name
+        with one_line_hub_errors(
+            f"create the model repo {repo!r} (push_to_hub)",
+            "Check the network, HF_ENDPOINT and `hf auth whoami`, or train without push_to_hub and upload the "
+            f"output_dir later with `hf upload {repo} <output_dir> --exclude 'seeds/*'`.",
+        ):
+            super().init_hf_repo(token=token, private=private)
+
     def push_to_hub(self, *args, **kwargs):
-        with _seeds_kept_out_of_model_repo():
+        with (
+            one_line_hub_errors(
+                f"push {self.args.output_dir} to the model repo {self.hub_model_id!r}",
+                f"The model is saved in {self.args.output_dir}; upload it later with "
+                f"`hf upload {self.hub_model_id} {self.args.output_dir} --exclude 'seeds/*'`.",
+            ),
+            _seeds_kept_out_of_model_repo(),
+        ):
             return super().push_to_hub(*args, **kwargs)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:

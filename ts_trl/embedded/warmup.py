@@ -57,7 +57,11 @@ def warm_up(
         "version": CACHE_VERSION,
         "model_config": model.config.to_dict(),
         "initial_weights": _weights_digest(model),
-        "vocab": sorted(tokenizer.get_vocab().items()),
+        # The text each id stands for, not the token spellings: the same character vocabulary keys the same cache
+        # however its tokens are spelled (byte-level `Ġ` or a plain space).
+        "vocab": sorted(
+            (tokenizer.convert_tokens_to_string([token]), id) for token, id in tokenizer.get_vocab().items()
+        ),
         "task": vars(task),
         "steps": steps,
         "batch_size": batch_size,
