@@ -103,7 +103,14 @@ def build_tiny_model(
         model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    # What cards and seed datasets call it: it has no Hub id or path (see `ts_trl.cards.model_name_of`).
+    model.ts_trl_description = describe_tiny_model(model, "built in memory")
     return model
+
+
+def describe_tiny_model(model, how: str) -> str:
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    return f"ts_trl's tiny Qwen2 model ({parameters / 1e6:.2f}M parameters, {how})"
 
 
 def save_model_from_this_rank(model, folder) -> None:

@@ -34,7 +34,6 @@ is GRPO's group mean over the `num_generations` continuations of the same cut.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -50,7 +49,7 @@ from trl import GRPOTrainer
 
 from .backends import per_prompt_sampling_params, replaced, requests_per_budget
 from .bank import Rollout
-from .cards import THINKING_SEEDS_CITATION, render_model_card
+from .cards import THINKING_SEEDS_CITATION, model_card_for, model_name_of
 from .collectives import pause_backend_threads_at_exit
 from .config import SeedGRPOConfig
 from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
@@ -149,7 +148,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self.seed_store = SeedStore(
             args.output_dir,
             self.accelerator,
-            model_name=getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__,
+            model_name=model_name_of(self.model),
             tokenizer_fp=tokenizer_fp,
             reward_names=self.reward_func_names,
             external_seeds=external_seeds,
@@ -713,28 +712,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         """
         if not self.is_world_process_zero():
             return
-        name_or_path = getattr(self.model.config, "_name_or_path", None)
-        card_metrics = {}
-        for key in ("reward", "seeds/seeded_group_share", "seeds/reward_seeded", "seeds/reward_unseeded"):
-            # TRL logs None for a window where every value was NaN (e.g. a reward that returned None for a whole
-            # batch): such windows have no mean to contribute.
-            values = [h[key] for h in self.state.log_history if isinstance(h.get(key), (int, float))]
-            values = [value for value in values if not np.isnan(value)]
-            if values:
-                card_metrics[f"{key} (mean over training)"] = float(np.mean(values))
-        card = render_model_card(
-            base_model=name_or_path or None,
-            model_name=model_name or Path(self.args.output_dir).name,
-            hub_model_id=self.args.hub_model_id if self.args.push_to_hub else None,
-            dataset_name=dataset_name,
-            seed_dataset_id=self.args.hub_seed_dataset_id if self.args.push_seeds_to_hub else None,
-            is_peft=hasattr(self.model, "peft_config"),
-            seed_config={f.name: getattr(self.args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
-            metrics={**card_metrics, **(metrics or {})},
-            license=self.args.card_license,
-            tags=[tags] if isinstance(tags, str) else (tags or []),
-            tokenizer_class=_tokenizer_class_to_load(self._tokenizer),
-        )
+        card = model_card_for(self, model_name=model_name, dataset_name=dataset_name, tags=tags, metrics=metrics)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -806,15 +784,6 @@ def _loadable_by_path(model, needed: bool):
             yield
         finally:
             model.config._name_or_path = ""
-
-
-def _tokenizer_class_to_load(tokenizer) -> str:
-    """What a card's snippet should load the tokenizer with: `AutoTokenizer`, unless the tokenizer is of the generic
-    fast class (e.g. `ts_trl.tiny`'s), which `AutoTokenizer` would swap for the class registered for the
-    architecture (transformers 5 does so next to a Qwen2 `config.json`, dropping the character tokenizer's spaces)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return "PreTrainedTokenizerFast" if type(tokenizer) is PreTrainedTokenizerFast else "AutoTokenizer"
 
 
 class _ModelRepoApi:

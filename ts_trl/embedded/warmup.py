@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
-from ts_trl.tiny import build_tiny_model, build_tokenizer, save_model_from_this_rank
+from ts_trl.tiny import build_tiny_model, build_tokenizer, describe_tiny_model, save_model_from_this_rank
 
 DEFAULT_MODEL_KWARGS = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "max_positions": 256, "seed": 0}
 WEIGHTS = "model.safetensors"  # a cache folder without it is not a cache (see `_save_atomically`)
@@ -86,7 +86,9 @@ def build_warm_model(task: EmbeddedTask | None = None, **warm_up_kwargs):
     """The embedded default's starting point: the character tokenizer and a default-sized tiny model, warmed up."""
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, **DEFAULT_MODEL_KWARGS)
-    return warm_up(model, tokenizer, task or EmbeddedTask(), **warm_up_kwargs), tokenizer
+    model = warm_up(model, tokenizer, task or EmbeddedTask(), **warm_up_kwargs)
+    model.ts_trl_description = describe_tiny_model(model, "warmed up on the built-in task")
+    return model, tokenizer
 
 
 def _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress):
