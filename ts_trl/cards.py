@@ -147,6 +147,7 @@ def render_model_card(
         base_subfolder=base_subfolder,
         prefix_mode=seed_config.get("prefix_mode", "state"),
         repo_ref=repo_ref,
+        repo_is_hub_id=_is_hub_id(repo_ref),
         example=repr(example),
         example_is_chat=isinstance(example, list),
         max_new_tokens=max_new_tokens,
