@@ -16,6 +16,7 @@ from huggingface_hub import constants as hf_constants
 
 from tests.test_hub import hub  # noqa: F401 - the local Hub fixture
 from ts_trl.__main__ import main as ts_trl_main
+from ts_trl.analysis.common import load_checkpoint
 from ts_trl.tiny import build_tokenizer
 
 # The embedded default shrunk to seconds (a 5-step warm-up, 4 training prompts, 2 steps); its code paths are the
@@ -134,6 +135,9 @@ def test_an_adapter_of_the_embedded_model_names_a_base_that_loads(adapter_run):
     assert _run_snippet(card.text).strip() != ""
     base = AutoModelForCausalLM.from_pretrained(adapter_run / "base_model")
     assert base.config.vocab_size == len(build_tokenizer())
+    # The analyses (relay, positions) take the checkpoint too: its base, with the adapter merged.
+    merged, tokenizer = load_checkpoint(adapter_run / "checkpoint-2")
+    assert merged.config.vocab_size == base.config.vocab_size and tokenizer(TEXTS[0])["input_ids"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

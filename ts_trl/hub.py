@@ -35,6 +35,11 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 class SeedHubPusher:
     """Uploads seed shards to a Hub dataset repo from a background thread, so that training never waits on the network.
 
+    The thread is this class's own rather than huggingface_hub's: `HfApi.run_as_future` runs uploads on an executor
+    thread that the interpreter joins at exit, so a stalled upload would hold the end of a run until the request ends;
+    `CommitScheduler` creates the repo in its constructor (a run with no network would stop before training) and
+    pushes again, blocking, at exit. A daemon thread with retries and a bounded `close` keeps both promises.
+
     Each `submit` becomes one commit that adds `data/<shard name>` and refreshes `README.md` (the dataset card, whose
     `configs:` block lets `datasets.load_dataset(repo_id)` read every shard). A failed push is retried with exponential
     back-off; one that still fails is logged, counted and kept to be retried at the next `submit` and at `close`. The
