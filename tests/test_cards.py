@@ -4,7 +4,6 @@ one clear line when the Hub is out of reach or the checkpoint to resume from doe
 import io
 import json
 import re
-import socket
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import transformers.utils.hub
 from huggingface_hub import DatasetCard, ModelCard
 from huggingface_hub import constants as hf_constants
 
+from tests.conftest import free_port
 from tests.test_hub import hub  # noqa: F401 - the local Hub fixture
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
@@ -146,9 +146,7 @@ def test_an_adapter_of_the_embedded_model_names_a_base_that_loads(adapter_run):
 
 def _closed_port_endpoint() -> str:
     """A loopback address where nothing listens: connections are refused at once, as with no network."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def _point_the_hub_client_at(endpoint: str, monkeypatch) -> None:

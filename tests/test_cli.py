@@ -16,19 +16,19 @@ import threading
 from pathlib import Path
 
 import datasets
-import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 
+from tests.conftest import seed_manifest, seed_rows
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.data import load_training_data
 from ts_trl.rewards import get_reward_funcs
+from ts_trl.script import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 from ts_trl.tiny import build_tiny_model, build_tokenizer
-from ts_trl.train import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -94,9 +94,7 @@ def _data_args(tiny_dir, output_dir):
 
 
 def _seed_rows(output_dir):
-    seeds = Path(output_dir) / "seeds"
-    manifest = json.loads((seeds / "manifest.json").read_text())
-    return manifest, [row for s in manifest["shards"] for row in pq.read_table(seeds / s["file"]).to_pylist()]
+    return seed_manifest(output_dir), seed_rows(output_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -171,7 +169,7 @@ def test_real_recipes_load_local_data_of_the_same_schema(recipe, rows, expected,
         assert getattr(holders[0], key) == expected_value, key
     assert script_args.reward_funcs == expected["reward_funcs"]
 
-    train, evaluation = load_training_data(script_args, training_args.seed, training_args.eval_strategy != "no")
+    train, evaluation = load_training_data(script_args, training_args.eval_strategy != "no")
     column = "answer" if "answer" in expected else "tests"
     assert set(train.column_names) == {"prompt", "prompt_id", column}
     assert expected[column] in train[0][column]

@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+from tests.conftest import free_port
 from ts_trl.embedded import EmbeddedTask, Problem, embedded_reward, pass_at_1, pass_at_k, sample_rewards, warm_up
 from ts_trl.embedded import warmup as warmup_module
 from ts_trl.tiny import build_tiny_model
@@ -69,7 +70,6 @@ def test_difficulty_sets_the_number_of_operands_and_solution_length(difficulty):
     for prompt in train["prompt"]:
         assert len(Problem.from_prompt(prompt).operands) == difficulty + 1
         lengths += [len(solution) for solution in task.solutions(prompt)]
-    assert max(lengths) + 1 <= task.max_completion_tokens  # + 1 for EOS
     assert 10 <= min(lengths) and max(lengths) <= 80
 
 
@@ -90,7 +90,6 @@ def test_a_difficulty_mix_draws_every_level_and_keeps_the_split():
     # repeated, so that level ends up a little short of its third.
     assert 120 <= counts[2] < 200 and all(180 <= counts[n] <= 260 for n in (3, 4)), counts
     assert not operand_sets(train) & operand_sets(held_out)
-    assert task.max_completion_tokens == EmbeddedTask(difficulty=3).max_completion_tokens
     # One level (the default) draws exactly the problems it always drew.
     assert (
         EmbeddedTask(difficulty=2, min_difficulty=2).make_splits(30, 5)[0]["prompt"]
@@ -200,11 +199,7 @@ def test_every_rank_of_a_distributed_run_caches_the_weights(tmp_path):
     # Each rank of a multi-process run warms up and may win the rename into the shared cache. `save_pretrained` skips
     # the weights on ranks > 0 once torch.distributed is up, which left a cache without weights, and every later
     # run stopped on "No such file or directory: .../model.safetensors".
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     torch.multiprocessing.spawn(_warm_up_as_rank, args=(str(tmp_path), address), nprocs=2)
     for rank in ("0", "1"):
         (cache,) = (tmp_path / rank).iterdir()

@@ -10,7 +10,7 @@ import argparse
 import sys
 from importlib import import_module
 
-# Analysis commands: the module whose `cli(argv)` runs it, and its one-line help.
+# Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
 ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
     "positions": ("ts_trl.analysis.positions", "per-position divergence of a checkpoint from a seed dataset"),
@@ -23,7 +23,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict]:
     """The `ts_trl` parser, and its subparsers by command name."""
     from trl import TrlParser
 
-    from .train import make_parser as make_train_parser
+    from .script import make_parser as make_train_parser
 
     parser = argparse.ArgumentParser(prog="ts_trl", description="Thinking Seeds for TRL's GRPOTrainer.")
     # TrlParser subparsers, as TRL's own CLI builds them: `train` is the script's parser, recipes and all.
@@ -47,10 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if argv[0] == "train":
-        from .train import run
+        from .script import run
 
         return run(argv[1:], commands["train"], prog="ts_trl train")
-    return import_module(ANALYSES[argv[0]][0]).cli(argv[1:])
+    from .analysis.common import run_command
+
+    return run_command(import_module(ANALYSES[argv[0]][0]).main, argv[1:])
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def to_prompt_dataset(
     """Returns `dataset` as `prompt`, `answer` (math) or `tests` (+ `entry_point` if any) (code), and `prompt_id`.
 
     Columns are auto-detected among the common public names unless given; `answer_column` names the tests column
-    for code. A GSM8K-style answer keeps only the text after `####`. Other columns are dropped; a `prompt_id` column
+    for code. A GSM8K-style answer keeps only the text after `####`; an MBPP-style prompt (tests in `test_list`) gets
+    its first assert appended, which names the function to write. Other columns are dropped; a `prompt_id` column
     is kept if the dataset has one, else it is the hash of the prompt (`prompt_id_of`).
     """
     if domain not in ("math", "code"):
@@ -110,7 +111,11 @@ def to_prompt_dataset(
     has_prompt_id = "prompt_id" in columns
 
     def convert(row: dict) -> dict:
-        prompt = _as_prompt(row[prompt_col], system_prompt, conversational)
+        value = row[prompt_col]
+        if reference_col == "test_list" and isinstance(value, str) and row[reference_col]:
+            # MBPP's task text never names the function its asserts call; it is posed with a test that does.
+            value = f"{value}\nYour code should pass this test:\n{row[reference_col][0]}"
+        prompt = _as_prompt(value, system_prompt, conversational)
         out = {"prompt": prompt, "prompt_id": str(row["prompt_id"]) if has_prompt_id else prompt_id_of(prompt)}
         if math:
             out["answer"] = gsm8k_final_answer(str(row[reference_col]))
@@ -162,20 +167,15 @@ def read_hub(name: str, config: str | None = None, split: str = "train", streami
         raise ValueError(f"--dataset_name {name}: cannot load it{hint}: {type(error).__name__}: {error}") from error
 
 
-def load_training_data(script_args, seed: int = 0, with_eval: bool = False):
-    """The training set (and the evaluation set, or None) of a `ts_trl.train` run, as `to_prompt_dataset` rows.
+def load_training_data(script_args, with_eval: bool = False, task=None):
+    """The training set (and the evaluation set, or None) of a `ts_trl train` run, as `to_prompt_dataset` rows.
 
-    With neither `dataset_name` nor `dataset_path`, the built-in task's training and held-out sets.
+    With `task` (the embedded default's built-in task), its training and held-out sets.
     """
-    if script_args.dataset_name is None and script_args.dataset_path is None:
-        from .embedded import EmbeddedTask
-
-        task = EmbeddedTask(
-            difficulty=script_args.embedded_difficulty,
-            min_difficulty=getattr(script_args, "embedded_min_difficulty", None),
-            seed=seed,
-        )
+    if task is not None:
         return task.make_splits(script_args.embedded_train_problems, script_args.embedded_eval_problems)
+    if script_args.dataset_name is None and script_args.dataset_path is None:
+        raise ValueError("No training data: set --dataset_name or --dataset_path (or neither, for the embedded task).")
 
     def read(split):
         if script_args.dataset_path is not None:

@@ -78,6 +78,15 @@ def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
     return PeftModel.from_pretrained(model, folder).merge_and_unload().eval()
 
 
+def save_figure(fig, path, dpi: int = 120, **layout) -> None:
+    """Lays out, writes and closes a matplotlib figure (`layout`: arguments of `tight_layout`)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def write_csv(path, records: list[dict]) -> None:
     """Writes dict rows as CSV; the header is the union of their keys, in first-seen order."""
     with open(path, "w", newline="") as f:
@@ -93,7 +102,7 @@ def check_ratios(ratios: Sequence[float]) -> list[float]:
     return sorted(set(ratios))
 
 
-def load_prompts(source: str, limit: int | None = None, seed: int = 0) -> list[dict]:
+def load_prompts(source: str, limit: int | None = None, task_seed: int = 0) -> list[dict]:
     """Rows with `prompt` and `answer` from a .jsonl or .parquet file, or `embedded` (the built-in task's held-out set).
 
     A `prompt_id` column is kept when present, else the prompt's stable hash is used.
@@ -104,7 +113,7 @@ def load_prompts(source: str, limit: int | None = None, seed: int = 0) -> list[d
         from ..embedded.task import EmbeddedTask
 
         difficulty = int(source.split(":", 1)[1]) if ":" in source else 2
-        rows = EmbeddedTask(difficulty=difficulty, seed=seed).make_splits(1, limit or 64)[1].to_list()
+        rows = EmbeddedTask(difficulty=difficulty, seed=task_seed).make_splits(1, limit or 64)[1].to_list()
     else:
         path = Path(source).expanduser()
         if not path.is_file():
@@ -227,7 +236,7 @@ def sample_continuations(
     tokenizer,
     contexts: Sequence[Sequence[int]],
     budgets: Sequence[int],
-    seed: int,
+    rng_seed: int,
     batch_size: int = 64,
     sampling: Sampling = Sampling(),
     desc: str = "sampling",
@@ -235,7 +244,7 @@ def sample_continuations(
     """Samples one continuation per context (token ids), each cut at its budget and after its first EOS.
 
     Sampling follows `sampling` (temperature, top-k, top-p, min-p, repetition penalty) as the run's generation did,
-    and is deterministic given `seed`; a temperature of 0 is greedy.
+    and is deterministic given `rng_seed`; a temperature of 0 is greedy.
     """
     import torch
     from tqdm.auto import tqdm
@@ -245,7 +254,7 @@ def sample_continuations(
     results: list[list[int]] = [[] for _ in contexts]
     order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]))  # similar lengths share a batch
     with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
+        torch.manual_seed(rng_seed)
         for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
             batch = [i for i in order[start : start + batch_size] if budgets[i] > 0]
             if not batch:
@@ -369,7 +378,7 @@ def prefix_overlap(logp_current, logp_behaviour):
 
 
 def paired_bootstrap(
-    differences: Sequence[Sequence[float]], resamples: int = 4000, seed: int = 0, level: float = 0.95
+    differences: Sequence[Sequence[float]], resamples: int = 4000, rng_seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float]:
     """Mean of paired differences with a percentile bootstrap interval that resamples clusters (e.g. prompts).
 
@@ -383,7 +392,7 @@ def paired_bootstrap(
         return math.nan, math.nan, math.nan
     sums = np.array([d.sum() for d in clusters])
     counts = np.array([len(d) for d in clusters], dtype=np.float64)
-    picks = np.random.default_rng(seed).integers(0, len(clusters), size=(resamples, len(clusters)))
+    picks = np.random.default_rng(rng_seed).integers(0, len(clusters), size=(resamples, len(clusters)))
     means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])

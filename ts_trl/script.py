@@ -1,7 +1,7 @@
 """Train with Thinking Seeds: the installed script, shaped like TRL's `trl/scripts/grpo.py`.
 
     ts_trl train [--config embedded|<recipe.yaml>] [--flag value ...]              # one process, in this process
-    accelerate launch [--config_file cpu|<accelerate.yaml>] -m ts_trl.train [...]   # any accelerate setup
+    accelerate launch [--config_file cpu|<accelerate.yaml>] -m ts_trl train [...]   # any accelerate setup
 
 With no model and no dataset it runs the *embedded default*: the built-in task, the package's own tiny model warmed up
 on CPU, then Thinking Seeds, all offline, ending with a report of held-out pass@1 before and after; its settings are
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trl import ScriptArguments, TrlParser
 
+from .collectives import is_deepspeed
 from .resources import packaged_file
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,8 @@ EMBEDDED_DEFAULTS = {
     "output_dir": "runs/embedded",
     "use_cpu": True,
     "seed": 0,
-    # Chosen by on-policy GRPO's held-out gain alone (README, "How the embedded default was chosen"): with 8 prompts
-    # per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose, most on 2-3 numbers.
+    # Chosen by on-policy GRPO's held-out gain alone (docs/results-add.md, "How the task and budget were chosen"):
+    # with 8 prompts per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose.
     "learning_rate": 1e-4,
     "lr_scheduler_type": "constant",
     "per_device_train_batch_size": 256,  # 32 prompt groups of eight per step
@@ -44,7 +45,7 @@ EMBEDDED_DEFAULTS = {
     "temperature": 1.0,
     "beta": 0.0,
     "activation_checkpointing": False,  # the tiny model fits easily; recomputing its forward pass only costs time
-    "max_steps": 300,  # the seeded main job gained +0.13 in 200 steps, +0.21 in 300 (README, "The embedded default")
+    "max_steps": 300,  # the seeded main job still gains from 200 to 300 (docs/results-add.md)
     "save_steps": 20,
     "logging_steps": 5,
     "report_to": "none",
@@ -101,9 +102,9 @@ class SeedScriptArguments(ScriptArguments):
             about 0.16 at temperature 1, against 0.45 for 2 numbers).
         embedded_min_difficulty (`int`, *optional*, defaults to `1`):
             Fewest additions per problem; each level from here to `embedded_difficulty` is equally likely.
-        embedded_train_problems (`int`, *optional*, defaults to `1024`):
-            Size of the built-in training set: too many to memorise, few enough that prompts come back (nine times
-            each in the default run) and find seeds in the bank.
+        embedded_train_problems (`int`, *optional*, defaults to `896`):
+            Size of the built-in training set: too many to memorise, few enough that prompts come back (about eleven
+            times each in the default run, the first time at step 29 of 300) and find seeds in the bank.
         embedded_eval_problems (`int`, *optional*, defaults to `256`):
             Size of the held-out set on which pass@1 is measured during training (0: no evaluation).
         embedded_eval_samples (`int`, *optional*, defaults to `8`):
@@ -131,7 +132,7 @@ class SeedScriptArguments(ScriptArguments):
     )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
-    embedded_train_problems: int = field(default=1024, metadata={"help": "Built-in task: training problems."})
+    embedded_train_problems: int = field(default=896, metadata={"help": "Built-in task: training problems."})
     embedded_eval_problems: int = field(
         default=256, metadata={"help": "Built-in task: held-out problems for pass@1 (0: no evaluation)."}
     )
@@ -202,7 +203,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU in float32 rather than fail on
         # GRPOConfig's bf16 default (bf16 autocast on CPU is slow and perturbs the sampling log-probs). DeepSpeed
         # picks its CPU accelerator by itself (DS_ACCELERATOR=cpu).
-        parser.set_defaults_with_config(bf16=False, **({} if _deepspeed() else {"use_cpu": True}))
+        parser.set_defaults_with_config(bf16=False, **({} if is_deepspeed() else {"use_cpu": True}))
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
     except ValueError as error:  # unknown recipe keys or flags, bad values
@@ -231,10 +232,6 @@ def _shipped_names(kind: str) -> list[str]:
     return sorted(path.stem for path in folder.glob("*.yaml")) if folder else []
 
 
-def _deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
-
-
 def _cpu_only() -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
@@ -249,7 +246,7 @@ def skip_deepspeed_shm_build() -> None:
     DeepSpeed compiles that C++ op when its communication backend starts, even for a single process, where there is
     nothing to reduce; with `DS_BUILD_OPS=0` that is minutes of compiling, and needs a compiler. Nothing else changes.
     """
-    if not _deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
+    if not is_deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
         return
     import torch
 
@@ -346,8 +343,18 @@ def learning_curve(script_args, training_args, eval_dataset):
     )
 
 
-def load_model(script_args: SeedScriptArguments, training_args, model_args):
-    """The model and tokenizer to train: a Hub id or folder (loaded by the trainer), or the embedded tiny model.
+def embedded_task(script_args: SeedScriptArguments, seed: int):
+    """The built-in task of the embedded default, as the script arguments set it; its warm-up and data both use it."""
+    from .embedded import EmbeddedTask
+
+    return EmbeddedTask(
+        difficulty=script_args.embedded_difficulty, min_difficulty=script_args.embedded_min_difficulty, seed=seed
+    )
+
+
+def load_model(script_args: SeedScriptArguments, training_args, model_args, task=None):
+    """The model and tokenizer to train: a Hub id or folder (loaded by the trainer), or the tiny model warmed up on
+    `task` (the embedded default's `embedded_task`).
 
     A named model is returned as its name with `processing_class=None`, so that `GRPOTrainer` loads it itself (under
     ZeRO-3 that is what shards the weights at load time; `--load_in_4bit/8bit` reach it as TRL's scripts pass them);
@@ -373,13 +380,9 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args):
             "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
             "the embedded default's tiny model is not quantized. Drop the flag or name a model."
         )
-    from .embedded import EmbeddedTask, build_warm_model
+    from .embedded import build_warm_model
 
-    task = EmbeddedTask(
-        difficulty=script_args.embedded_difficulty,
-        min_difficulty=script_args.embedded_min_difficulty,
-        seed=training_args.seed,
-    )
+    task = task or embedded_task(script_args, training_args.seed)
     model, tokenizer = build_warm_model(task, steps=script_args.embedded_warmup_steps, seed=training_args.seed)
     return model, tokenizer
 
@@ -427,7 +430,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
     from . import SeedGRPOTrainer
     from .data import load_training_data
-    from .embedded.report import held_out_pass_at_1, report_run
+    from .report import held_out_pass_at_1, report_run
     from .rewards import check_reward_columns, get_reward_funcs
     from .snapshots import SaveOnInterrupt
 
@@ -439,9 +442,10 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     with fail_clearly():
         if not script_args.reward_funcs and not embedded:
             raise ConfigError("--reward_funcs is required with a dataset, e.g. --reward_funcs math format.")
-        model, tokenizer = load_model(script_args, training_args, model_args)
+        task = embedded_task(script_args, training_args.seed) if embedded else None
+        model, tokenizer = load_model(script_args, training_args, model_args, task)
         train_dataset, eval_dataset = load_training_data(
-            script_args, seed=training_args.seed, with_eval=not embedded and training_args.eval_strategy != "no"
+            script_args, with_eval=not embedded and training_args.eval_strategy != "no", task=task
         )
         reward_funcs = get_reward_funcs(script_args.reward_funcs or ["embedded"])
         check_reward_columns(train_dataset, reward_funcs)
@@ -496,11 +500,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
 
 def run(argv: list[str] | None = None, parser: TrlParser | None = None, prog: str | None = None) -> int:
-    """Parses `argv` (default: the command line) and trains: what `ts_trl train`, `train.py` and `-m` run."""
+    """Parses `argv` (default: the command line) and trains: what `ts_trl train`, `train.py` and `-m ts_trl` run."""
     with fail_clearly(prog):  # bad input: one line on stderr and exit status 2, before any training
         script_args, training_args, model_args = parse_args(parser or make_parser(prog=prog), argv)
     return main(script_args, training_args, model_args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(run(prog="ts_trl.train"))
