@@ -51,6 +51,7 @@ from .checks import check_one_generation_fits, check_seedable_dataset, check_sin
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .config import SeedGRPOConfig
 from .cutting import SeedSplicer, boundary_token_ids
+from .group_signal import log_zero_std_shares, zero_std_shares
 from .hub import one_line_hub_errors
 from .old_tokens import old_token_inputs, weight_old_tokens
 from .planning import GroupPlan, GroupPlanner, state_advantages
@@ -271,6 +272,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self._seed_batch is not None:
             self._seed_batch.generation.rewards_per_func = rewards_per_func  # gathered: one row per global rollout
+        elif self.model.training:  # on-policy: every group is plain; TRL's frac_reward_zero_std is their share
+            log_zero_std_shares(self._metrics["train"], rewards_per_func, self.reward_weights, self.num_generations)
         return rewards_per_func
 
     def _record_rollouts(self, inputs, output, batch: SeedBatch) -> None:
@@ -299,6 +302,10 @@ class SeedGRPOTrainer(GRPOTrainer):
         gather = self.accelerator.gather
         values = seed_metrics(
             plan, total, output["completion_mask"], self.num_generations, len(self.seed_bank), replay, gather
+        )
+        # TRL's frac_reward_zero_std mixes seeded and plain groups: their all-equal shares apart
+        values.update(
+            zero_std_shares(total.cpu().numpy(), self.num_generations, plan.global_seeded, plan.global_replayed)
         )
         for key, value in values.items():
             self._metrics["train"][key].append(value)
