@@ -306,7 +306,12 @@ def check_output_dir(training_args) -> None:
     from transformers.trainer_utils import get_last_checkpoint
 
     output_dir = Path(training_args.output_dir)
-    if training_args.resume_from_checkpoint or not output_dir.is_dir():
+    if training_args.resume_from_checkpoint:
+        from .snapshots import check_resume_checkpoint
+
+        check_resume_checkpoint(training_args.resume_from_checkpoint, output_dir)
+        return
+    if not output_dir.is_dir():
         return
     last = get_last_checkpoint(str(output_dir))
     manifest = output_dir / "seeds" / "manifest.json"
@@ -515,8 +520,12 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     trainer.save_model(training_args.output_dir)
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
     card = {"dataset_name": script_args.dataset_name, "metrics": {k: v for k, v in metrics.items() if v is not None}}
+    push_error = None
     if training_args.push_to_hub:
-        trainer.push_to_hub(**card)  # writes the model card through create_model_card, then uploads
+        try:
+            trainer.push_to_hub(**card)  # writes the model card through create_model_card, then uploads
+        except ConnectionError as error:  # the model is saved: report the run, then the failed push
+            push_error = error
     else:
         trainer.create_model_card(**card)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)
@@ -527,6 +536,9 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             f"  {resume_command(report['last_checkpoint'])}"
         )
         return INTERRUPTED_STATUS
+    if push_error is not None:
+        print(f"{_prog()}: error: {push_error}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

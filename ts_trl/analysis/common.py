@@ -64,9 +64,9 @@ def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
     base = adapter.get("base_model_name_or_path")
     if not base:
         raise InputError(
-            f"{role} {str(folder)!r} is a LoRA adapter whose base model was built in memory (the embedded default "
-            "with --use_peft), so it names no base to load it on. Train the embedded default without --use_peft to "
-            "analyse its checkpoints."
+            f"{role} {str(folder)!r} is a LoRA adapter whose base model was built in memory, so it names no base "
+            "to load it on (ts_trl saves such a base in the run's base_model/ folder; this adapter was written "
+            "without one). Set base_model_name_or_path in its adapter_config.json to the base model's folder."
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(base)
