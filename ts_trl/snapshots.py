@@ -28,6 +28,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .bank import Rollout, SeedBank
+from .cards import model_name_of
 from .seed_data import (
     BANK_DIR,
     SEEDS_DIR,
@@ -141,7 +142,7 @@ class SeedStore:
     ):
         self.output_dir = Path(args.output_dir)
         self.accelerator = accelerator
-        self.model_name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.model_name = model_name_of(model)
         self.tokenizer_fp, self.reward_names = tokenizer_fingerprint(tokenizer), list(reward_names)
         # Ids the model can emit: its embedding rows may outnumber the tokenizer's entries (padded vocabularies).
         self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
@@ -436,6 +437,33 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str:
             "finish), so it is skipped."
         )
     return str(complete[-1])
+
+
+def check_resume_checkpoint(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> None:
+    """Fails with one line when `checkpoint` is not a checkpoint folder, naming the checkpoints that do exist.
+
+    Checked before the model is loaded (`ts_trl train`) and before `train` rebuilds the seed bank, whose own
+    complaints (no seed manifest, no weights) would hide the real mistake: a mistyped or deleted checkpoint.
+    """
+    path = Path(checkpoint).expanduser()
+    if path.is_dir() and (path / "trainer_state.json").is_file():
+        return
+    problem = "does not exist" if not path.exists() else "is not a checkpoint folder (it has no trainer_state.json)"
+    # The checkpoints beside the one asked for, else those of this run's output_dir.
+    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path(output_dir)
+    found = sorted(
+        (p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / "trainer_state.json").is_file()),
+        key=lambda p: checkpoint_step(p),
+    )
+    existing = (
+        f"the checkpoints in {folder} are {', '.join(p.name for p in found)}"
+        if found
+        else f"{folder} holds no checkpoint"
+    )
+    raise ValueError(
+        f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
+        "resume_from_checkpoint unset to start a new run."
+    )
 
 
 class SeedSnapshotCallback(TrainerCallback):
