@@ -15,6 +15,7 @@ ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
     "positions": ("ts_trl.analysis.positions", "per-position divergence of a checkpoint from a seed dataset"),
     "compare": ("ts_trl.analysis.compare", "none / replay / seeds+action / seeds+state on the embedded task"),
+    "probe-cuts": ("ts_trl.analysis.probe_cuts", "all-equal groups per cut ratio on one model: pick cut_ratio_max"),
 }
 COMMANDS = ("train", *ANALYSES)
 

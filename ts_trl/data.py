@@ -168,14 +168,11 @@ def load_training_data(script_args, seed: int = 0, with_eval: bool = False):
     With neither `dataset_name` nor `dataset_path`, the built-in task's training and held-out sets.
     """
     if script_args.dataset_name is None and script_args.dataset_path is None:
-        from .embedded import EmbeddedTask
+        from .embedded.tasks import embedded_task
 
-        task = EmbeddedTask(
-            difficulty=script_args.embedded_difficulty,
-            min_difficulty=getattr(script_args, "embedded_min_difficulty", None),
-            seed=seed,
+        return embedded_task(script_args, seed).make_splits(
+            script_args.embedded_train_problems, script_args.embedded_eval_problems
         )
-        return task.make_splits(script_args.embedded_train_problems, script_args.embedded_eval_problems)
 
     def read(split):
         if script_args.dataset_path is not None:

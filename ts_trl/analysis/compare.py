@@ -47,6 +47,8 @@ COVERAGE_CUT = 0.5  # states are the first half (in tokens) of the warm model's 
 BOOTSTRAP_SAMPLES = 2000
 # The paper's claims that do not involve on-policy GRPO, compared directly: (method, against).
 PAPER_CLAIMS = [("seeds-state", "seeds-action"), ("seeds-state", "replay")]
+# Read from the samples on the chain task only (ts_trl.embedded.chain.trace_rates).
+TRACE_KEYS = ("error_share", "repair_share", "error_or_repair_share", "recovery_rate")
 PRECISION = "float32"  # saved runs without this key trained under bf16 autocast: not reused
 
 
@@ -72,10 +74,15 @@ class Budget:
 FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
 DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
+# The chain task (ts_trl.embedded.chain), sized for 2 shared cores: docs/prereg-chain.md fixes these values.
+CHAIN_FULL = Budget(120, 1024, 256, 16, 8, 72, 8, 40, 700, 5, 64)
+CHAIN_QUICK = Budget(20, 1024, 32, 16, 8, 72, 8, 10, 700, 2, 16)
+BUDGETS = {"add": (FULL, QUICK), "chain": (CHAIN_FULL, CHAIN_QUICK)}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ts_trl compare", description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="add", choices=list(BUDGETS), help="The built-in task (default: add).")
     parser.add_argument(
         "--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS), help="'none' is always run."
     )
@@ -94,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--difficulty", type=int, default=DIFFICULTY, help="Most additions per problem.")
     parser.add_argument("--min-difficulty", type=int, default=MIN_DIFFICULTY, help="Fewest additions per problem.")
     parser.add_argument("--seed-fraction", type=float, default=0.5, help="Share of groups seeded / replayed.")
+    parser.add_argument("--cut-ratio-min", type=float, default=0.1, help="Seeds are cut at r ~ U[min, max].")
+    parser.add_argument("--cut-ratio-max", type=float, default=0.9, help="Pick it with `ts_trl probe-cuts`.")
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="The embedded default's.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time, one process and one torch thread each.")
     parser.add_argument("--output-dir", default="compare", help="Where compare.md, the CSVs and compare.png go.")
@@ -101,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def budget_from(args) -> Budget:
-    budget = copy.copy(QUICK if args.quick else FULL)
+    full, quick = BUDGETS[args.task]
+    budget = copy.copy(quick if args.quick else full)
     names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")
     for name in (*names, "num_seeds", "n_probe"):
         if getattr(args, name) is not None:
@@ -145,13 +155,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     quiet_libraries()
     from tqdm.auto import tqdm
 
-    from ..embedded.warmup import build_warm_model
+    from ..embedded.tasks import build_task_model
 
     out = output_dir(args.output_dir)
     started = time.time()
     task = _task(args)
     train_set, _ = task.make_splits(budget.n_train, budget.n_eval)
-    warm_model, tokenizer = build_warm_model(task, steps=budget.warmup_steps, progress=True)
+    warm_model, tokenizer = build_task_model(args.task, task, warmup_steps=budget.warmup_steps, progress=True)
     warm_model.save_pretrained(out / "warm")
     tokenizer.save_pretrained(out / "warm")
     _write_probe(warm_model, tokenizer, train_set, budget, out / "probe.json")
@@ -211,7 +221,7 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
         curves += [
             {"method": o["method"], "seed": o["seed"], "step": 0, "kind": kind, "value": start[kind]}
             for kind in start
-            if kind.startswith("pass_at_") or kind == "coverage"
+            if kind.startswith("pass_at_") or kind in ("coverage", *TRACE_KEYS)
         ] + o["curves"]
         start_rows = [{**row, "method": o["method"], "generated_tokens": 0.0} for row in starts[o["seed"]]["prompts"]]
         prompts += start_rows + o["prompts"]
@@ -241,9 +251,9 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
 
 
 def _task(args):
-    from ..embedded.task import EmbeddedTask
+    from ..embedded.tasks import make_task
 
-    return EmbeddedTask(difficulty=args.difficulty, min_difficulty=args.min_difficulty, seed=0)
+    return make_task(args.task, seed=0, difficulty=args.difficulty, min_difficulty=args.min_difficulty)
 
 
 def _map(function, items, jobs):
@@ -296,7 +306,7 @@ def _run_job(job: dict) -> dict:
     seed = job["seed"]
 
     def evaluate(model, step: int) -> dict:
-        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step)
+        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step, traces=args.task == "chain")
 
     if job["kind"] == "start":
         output = {"kind": "start", "seed": seed, **evaluate(model, 0)}
@@ -312,17 +322,29 @@ def _run_job(job: dict) -> dict:
     return output
 
 
-def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int) -> dict:
-    """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes."""
+def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int, traces: bool = False) -> dict:
+    """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes.
+
+    With `traces`, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
+    P(pass | a wrong line) (`ts_trl.embedded.chain.trace_rates`).
+    """
+    from ..embedded.chain import read_trace, trace_rates
     from ..embedded.evaluate import pass_at_k, sample_rewards
     from ..embedded.task import embedded_reward
     from .common import prefix_overlap, token_logprobs
+
+    read = []
+
+    def reward(completions, answer, **kwargs):
+        if traces:
+            read.extend(read_trace(c, a) for c, a in zip(completions, answer))
+        return embedded_reward(completions, answer)
 
     rewards = sample_rewards(
         model,
         tokenizer,
         eval_set,
-        embedded_reward,
+        reward,
         budget.max_completion_length,
         batch_size=256,
         num_samples=budget.eval_samples,
@@ -347,6 +369,7 @@ def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step
         "pass_at_1": pass_at_k(rewards, 1),
         f"pass_at_{k}": pass_at_k(rewards, k),
         "coverage": prefix_overlap(logp, probe["logq"]),
+        **(trace_rates(read) if traces else {}),
         "prompts": prompts,
     }
 
@@ -391,6 +414,8 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         seed=seed,
         disable_tqdm=True,
         seed_fraction=args.seed_fraction,
+        cut_ratio_min=args.cut_ratio_min,
+        cut_ratio_max=args.cut_ratio_max,
         # Seeds from one step back, without waiting for a checkpoint: the runs compare methods, not snapshot cadence.
         seed_snapshot_only=False,
         seed_min_age=1,
@@ -432,7 +457,8 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         step = scores["prompts"][0]["step"]
         at = tokens[min(step, len(tokens) - 1)]
         prompts += [{**row, "method": method, "generated_tokens": at} for row in scores["prompts"]]
-        for kind in ("pass_at_1", f"pass_at_{min(PASS_K, budget.eval_samples)}", "coverage"):
+        traced = [kind for kind in TRACE_KEYS if kind in scores]
+        for kind in ("pass_at_1", f"pass_at_{min(PASS_K, budget.eval_samples)}", "coverage", *traced):
             curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": scores[kind]})
     final = evals[-1]
     result = {
@@ -441,6 +467,7 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         "pass_at_1": final["pass_at_1"],
         f"pass_at_{min(PASS_K, budget.eval_samples)}": final[f"pass_at_{min(PASS_K, budget.eval_samples)}"],
         "coverage": final["coverage"],
+        **{kind: final[kind] for kind in TRACE_KEYS if kind in final},
         "generated_tokens": int(round(generated)),
         "reused_tokens": int(round(prefix)),
         "wall_s": round(wall, 1),

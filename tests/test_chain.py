@@ -1,0 +1,192 @@
+"""The chain task (errors that can be repaired), `--task` across the commands, and `probe-cuts`."""
+
+import csv
+import random
+
+import numpy as np
+import pytest
+
+from ts_trl.embedded import EmbeddedTask, Problem, embedded_reward
+from ts_trl.embedded.chain import ChainTask, read_trace, trace_rates
+from ts_trl.embedded.tasks import TASKS, make_task, task_named
+
+
+def test_a_repaired_error_passes_and_an_unrepaired_one_fails():
+    answer = "18"  # Q: 3+8+1+6
+    right = " 3+8=11\n11+1=12\n12+6=18\n#### 18"
+    repaired = " 3+8=11\n11+1=13\n? 11+1=12\n12+6=18\n#### 18"
+    unrepaired = " 3+8=11\n11+1=13\n13+6=19\n#### 19"
+    wrong_repair = " 3+8=11\n11+1=13\n? 11+1=14\n14+6=20\n#### 20"
+    recheck = " 3+8=11\n? 3+8=11\n11+1=12\n12+6=18\n#### 18"
+    rewards = embedded_reward([right, repaired, unrepaired, wrong_repair, recheck], [answer] * 5)
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 1.0]
+    traces = [read_trace(c, answer) for c in (right, repaired, unrepaired, wrong_repair, recheck)]
+    assert [(t.has_error, t.has_repair, t.passed) for t in traces] == [
+        (False, False, True),
+        (True, True, True),
+        (True, False, False),
+        (True, True, False),
+        (False, True, True),
+    ]
+    rates = trace_rates(traces)
+    assert rates["error_share"] == pytest.approx(3 / 5) and rates["repair_share"] == pytest.approx(3 / 5)
+    assert rates["error_or_repair_share"] == pytest.approx(4 / 5)
+    assert rates["recovery_rate"] == pytest.approx(1 / 3)  # of the three with an error, the repaired one passed
+    assert np.isnan(trace_rates([traces[0]])["recovery_rate"])
+    # Noise lines are skipped, and only the first answer counts.
+    assert read_trace(" 1+2=3\nxx\n#### 3\n#### 4", "3") == read_trace(" 1+2=3\n#### 3", "3")
+
+
+def test_warm_up_traces_make_errors_and_repair_them_at_the_set_rates():
+    task, rng = ChainTask(), random.Random(0)
+    traces, lengths = [], []
+    for _ in range(3000):
+        problem = task.sample_problem(rng)
+        assert 4 <= len(problem.operands) <= 6 and len(set(problem.operands)) == len(problem.operands)
+        assert all(1 <= d <= 9 for d in problem.operands)
+        solution = task.sample_solution(problem, rng)
+        lengths.append(len(solution))
+        traces.append(read_trace(solution, problem.answer))
+    rates = trace_rates(traces)
+    # Per line p(error) = 0.15 over 3-5 lines: 1 - 0.85^4 ~ 0.48 of traces hold an error on average.
+    assert 0.4 < rates["error_share"] < 0.56
+    # A trace passes iff each wrong line was repaired (0.6 each): far above chance (0), far below certainty.
+    assert 0.45 < rates["recovery_rate"] < 0.65
+    assert all(t.passed for t in traces if not t.has_error)
+    assert 40 < np.mean(lengths) < 50 and np.mean([n + 1 > task.max_completion_tokens for n in lengths]) < 0.02
+    # No errors, no repairs: exactly the addition task's solutions.
+    clean = ChainTask(error_rate=0.0, recheck_rate=0.0)
+    problem = Problem((3, 8, 1, 6))
+    assert clean.sample_solution(problem, random.Random(1)) in clean.solutions(problem)
+
+
+def test_chain_splits_and_bad_rates():
+    train, held_out = ChainTask().make_splits(300, 256)
+    operand_sets = [{tuple(sorted(Problem.from_prompt(p).operands)) for p in d["prompt"]} for d in (train, held_out)]
+    assert not operand_sets[0] & operand_sets[1] and len(set(held_out["prompt"])) == 256
+    with pytest.raises(ValueError, match="error_rate"):
+        ChainTask(error_rate=1.5)
+    with pytest.raises(ValueError, match="--task nope"):
+        make_task("nope")
+
+
+def test_the_addition_task_is_unchanged_by_the_registry():
+    """`--task add` builds the very task, model size and warm-up the addition default always had (same cache key)."""
+    from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS
+
+    assert make_task("add") == EmbeddedTask(difficulty=2, min_difficulty=1, seed=0)
+    assert vars(make_task("add", seed=3)) == vars(EmbeddedTask(difficulty=2, min_difficulty=1, seed=3))
+    assert TASKS["add"].model_kwargs == DEFAULT_MODEL_KWARGS and TASKS["add"].warmup_steps == 600
+    assert task_named(["--task", "chain"], {}) == "chain" and task_named(["--task=chain"], {"task": "add"}) == "chain"
+    assert task_named([], {"task": "chain"}) == "chain" and task_named([], {}) == "add"
+
+
+def test_chain_trains_through_the_trainer(tmp_path, tokenizer):
+    """A few steps of Thinking Seeds on the chain task with a tiny budget: seeds are found and spliced."""
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+    from ts_trl.tiny import build_tiny_model
+
+    train, _ = ChainTask().make_splits(4, 1)
+    model = build_tiny_model(tokenizer, num_layers=3)
+    args = SeedGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed_fraction=1.0,
+        seed_snapshot_only=False,
+        disable_tqdm=True,
+    )
+    trainer = SeedGRPOTrainer(
+        model=model, reward_funcs=embedded_reward, args=args, train_dataset=train, processing_class=tokenizer
+    )
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert sum(h.get("seeds/seeded_group_share", 0) for h in trainer.state.log_history) > 0
+
+
+def test_train_cli_runs_the_chain_task(tmp_path, monkeypatch):
+    """`ts_trl train --task chain`: the chain's 3-layer warm model, its prompts and its 72-token budget by default."""
+    import json
+
+    from ts_trl.__main__ import main
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "chain"
+    argv = ["train", "--task", "chain", "--output_dir", str(out), "--embedded_warmup_steps", "3",
+            "--embedded_train_problems", "4", "--embedded_eval_problems", "4", "--embedded_eval_samples", "1",
+            "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_steps", "2",
+            "--save_steps", "2", "--disable_tqdm", "true"]  # fmt: skip
+    assert main(argv) == 0
+    settings = json.loads(next((tmp_path / "cache").glob("warmup/*/warmup_settings.json")).read_text())
+    assert settings["model_config"]["num_hidden_layers"] == 3 and settings["task"]["max_operand"] == 9
+    assert settings["steps"] == 3
+    config = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert config["global_step"] == 2
+    assert json.loads((out / "report.json").read_text())["steps"] == 2
+    training_args = __import__("torch").load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert training_args.max_completion_length == 72
+    assert main(["train", "--task", "nope", "--output_dir", str(tmp_path / "x")]) == 2
+
+
+def test_probe_cuts_end_to_end(tmp_path, capsys):
+    """`ts_trl probe-cuts` on a tiny setting: its table and suggested cut_ratio_max are recomputed from its groups."""
+    from ts_trl.__main__ import main
+    from ts_trl.analysis.probe_cuts import choose_cut_ratio_max
+    from ts_trl.embedded.tasks import build_task_model
+
+    model, tokenizer = build_task_model("add", warmup_steps=3, cache_dir=tmp_path / "cache", progress=False)
+    model.save_pretrained(tmp_path / "warm")
+    tokenizer.save_pretrained(tmp_path / "warm")
+    out = tmp_path / "probe"
+    argv = ["probe-cuts", "--checkpoint", str(tmp_path / "warm"), "--num-prompts", "3", "--seeds", "2",
+            "--generations", "4", "--ratios", "0.1", "0.5", "0.9", "--max-completion-length", "12",
+            "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    groups = list(csv.DictReader(open(out / "probe_cuts_groups.csv")))
+    plain = [g for g in groups if g["kind"] == "plain"]
+    assert len(plain) == 3 and all(g["size"] == "4" for g in groups)
+    summary = list(csv.DictReader(open(out / "probe_cuts.csv")))
+    assert [float(r["ratio"]) for r in summary] == [0.1, 0.5, 0.9]
+    for row in summary:
+        seeded = [g for g in groups if g["kind"] == "seeded" and float(g["ratio"]) == float(row["ratio"])]
+        assert int(row["seeded_groups"]) == len(seeded) == 6  # every seed has a cut at every ratio
+        equal = np.mean([int(g["passes"]) in (0, 4) for g in seeded])
+        assert float(row["all_equal_seeded"]) == pytest.approx(equal)
+        assert float(row["all_equal_plain"]) == pytest.approx(np.mean([int(g["passes"]) in (0, 4) for g in plain]))
+        assert float(row["pass_seeded"]) == pytest.approx(sum(int(g["passes"]) for g in seeded) / 24)
+        line = next(line for line in printed.splitlines() if line.startswith(f"| {float(row['ratio']):g} |"))
+        assert f"{equal:.2f}" in line
+    summary = [{k: float(v) for k, v in r.items()} for r in summary]
+    choice = choose_cut_ratio_max(summary, 0.1, [0.9, 0.7, 0.5, 0.3], 0.10)
+    assert (f"cut_ratio_max = {choice:g}" if choice is not None else "no candidate passes") in printed
+
+
+def test_choose_cut_ratio_max_by_hand():
+    from ts_trl.analysis.probe_cuts import choose_cut_ratio_max
+
+    rows = [
+        {"ratio": r, "all_equal_seeded": s, "all_equal_plain": 0.28}
+        for r, s in [(0.1, 0.30), (0.3, 0.36), (0.5, 0.48), (0.7, 0.80), (0.9, 1.0)]
+    ]
+    # Means over [0.1, c]: 0.3 -> 0.33, 0.5 -> 0.38, 0.7 -> 0.485, 0.9 -> 0.588; the bar is 0.38.
+    assert choose_cut_ratio_max(rows, 0.1, [0.9, 0.7, 0.5, 0.3], 0.10) == 0.5
+    assert choose_cut_ratio_max(rows, 0.1, [0.9, 0.7, 0.5, 0.3], 0.0) is None
+    assert choose_cut_ratio_max(rows, 0.1, [0.9, 0.7, 0.5, 0.3], 0.40) == 0.9
+
+
+def test_probe_cuts_rejects_bad_input(capsys):
+    from ts_trl.__main__ import main
+
+    assert main(["probe-cuts", "--task", "nope"]) == 2
+    assert "--task nope" in capsys.readouterr().err
+    assert main(["probe-cuts", "--generations", "1"]) == 2
+    assert "--generations" in capsys.readouterr().err
