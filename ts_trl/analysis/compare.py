@@ -74,10 +74,17 @@ class Budget:
 FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
 DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
-# The chain task (ts_trl.embedded.chain), sized for 2 shared cores: docs/prereg-chain.md fixes these values.
-CHAIN_FULL = Budget(120, 1024, 256, 16, 8, 72, 8, 40, 700, 5, 64)
-CHAIN_QUICK = Budget(20, 1024, 32, 16, 8, 72, 8, 10, 700, 2, 16)
+# The chain task (ts_trl.embedded.chain), sized so that 4 methods x 5 RNG seeds fit in 45 minutes on 2 shared cores;
+# docs/prereg-chain.md fixes these values, the learning rate by on-policy calibration and the cut range by
+# `ts_trl probe-cuts` on the warm model.
+CHAIN_FULL = Budget(60, 192, 256, 16, 8, 72, 8, 30, 700, 5, 64)
+CHAIN_QUICK = Budget(10, 64, 32, 8, 8, 72, 8, 5, 700, 2, 16)
 BUDGETS = {"add": (FULL, QUICK), "chain": (CHAIN_FULL, CHAIN_QUICK)}
+# Per task: the learning rate and the top of the cut range when not given.
+TASK_DEFAULTS = {
+    "add": {"learning_rate": LEARNING_RATE, "cut_ratio_max": 0.9},
+    "chain": {"learning_rate": None, "cut_ratio_max": 0.3},
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,8 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-difficulty", type=int, default=MIN_DIFFICULTY, help="Fewest additions per problem.")
     parser.add_argument("--seed-fraction", type=float, default=0.5, help="Share of groups seeded / replayed.")
     parser.add_argument("--cut-ratio-min", type=float, default=0.1, help="Seeds are cut at r ~ U[min, max].")
-    parser.add_argument("--cut-ratio-max", type=float, default=0.9, help="Pick it with `ts_trl probe-cuts`.")
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="The embedded default's.")
+    parser.add_argument(
+        "--cut-ratio-max",
+        type=float,
+        help="Default: the task's (add 0.9, chain 0.3); pick it with `ts_trl probe-cuts`.",
+    )
+    parser.add_argument("--learning-rate", type=float, help="Default: the task's (add: the embedded default's).")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time, one process and one torch thread each.")
     parser.add_argument("--output-dir", default="compare", help="Where compare.md, the CSVs and compare.png go.")
     return parser
@@ -112,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 def budget_from(args) -> Budget:
     full, quick = BUDGETS[args.task]
     budget = copy.copy(quick if args.quick else full)
+    for name, value in TASK_DEFAULTS[args.task].items():
+        if getattr(args, name) is None:
+            if value is None:
+                raise InputError(f"--task {args.task} has no default --{name.replace('_', '-')} yet; give one.")
+            setattr(args, name, value)
     names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")
     for name in (*names, "num_seeds", "n_probe"):
         if getattr(args, name) is not None:
@@ -248,6 +264,12 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
     paths["compare.md"].write_text(table + "\n")
     plot(read_csv(paths["curves.csv"]), paths["compare.png"], budget, args)
     return table, results, paths
+
+
+def _task_title(args) -> str:
+    if getattr(args, "task", "add") == "chain":
+        return "Chain task (4-6 digits, repairable errors)"
+    return f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
 
 
 def _task(args):
@@ -623,7 +645,7 @@ def format_table(
     start = summary[0]["pass_at_1_mean"] - summary[0]["gain_mean"]
     k = summary[0]["k"]
     lines = [
-        f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty}), {budget.steps} steps x "
+        f"{_task_title(args)}, {budget.steps} steps x "
         f"{budget.prompts_per_step} prompts x {budget.num_generations} generations, {summary[0]['runs']} RNG seeds; "
         f"held-out pass@1 and pass@{k} over {budget.n_eval} prompts x {budget.eval_samples} samples at temperature 1 "
         f"(warm start pass@1: {start:.3f}).",
