@@ -133,7 +133,9 @@ def test_train_cli_runs_the_chain_task(tmp_path, monkeypatch):
     assert json.loads((out / "report.json").read_text())["steps"] == 2
     training_args = __import__("torch").load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
     assert training_args.max_completion_length == 72
-    assert main(["train", "--task", "nope", "--output_dir", str(tmp_path / "x")]) == 2
+    with pytest.raises(SystemExit) as exit_info:  # bad input: one line and status 2, before anything is built
+        main(["train", "--task", "nope", "--output_dir", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
 
 
 def test_probe_cuts_end_to_end(tmp_path, capsys):
@@ -190,3 +192,15 @@ def test_probe_cuts_rejects_bad_input(capsys):
     assert "--task nope" in capsys.readouterr().err
     assert main(["probe-cuts", "--generations", "1"]) == 2
     assert "--generations" in capsys.readouterr().err
+
+
+def test_relay_prompts_follow_the_task():
+    """`relay --prompts embedded --task chain` reads the chain's held-out problems, the default the addition's."""
+    from ts_trl.analysis.common import InputError, load_prompts
+
+    chain = load_prompts("embedded", 5, seed=0, task="chain")
+    assert [row["prompt"] for row in chain] == ChainTask(seed=0).make_splits(1, 5)[1]["prompt"]
+    add = load_prompts("embedded", 5, seed=0)
+    assert [row["prompt"] for row in add] == EmbeddedTask(difficulty=2, seed=0).make_splits(1, 5)[1]["prompt"]
+    with pytest.raises(InputError, match="--task nope"):
+        load_prompts("embedded", 5, task="nope")
