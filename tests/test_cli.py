@@ -27,8 +27,8 @@ from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.data import load_training_data
 from ts_trl.rewards import get_reward_funcs
+from ts_trl.script import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 from ts_trl.tiny import build_tiny_model, build_tokenizer
-from ts_trl.train import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -171,7 +171,7 @@ def test_real_recipes_load_local_data_of_the_same_schema(recipe, rows, expected,
         assert getattr(holders[0], key) == expected_value, key
     assert script_args.reward_funcs == expected["reward_funcs"]
 
-    train, evaluation = load_training_data(script_args, training_args.seed, training_args.eval_strategy != "no")
+    train, evaluation = load_training_data(script_args, training_args.eval_strategy != "no")
     column = "answer" if "answer" in expected else "tests"
     assert set(train.column_names) == {"prompt", "prompt_id", column}
     assert expected[column] in train[0][column]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ts_trl import Cut, SeedCollator
+from ts_trl import Cut, SeedSplicer
 from ts_trl.cutting import (
     admissible_ratios,
     boundary_token_ids,
@@ -52,25 +52,25 @@ def test_cut_snaps_to_nearest_newline_boundary():
 
 
 def test_collator_splices_prefix_after_prompt():
-    splice = SeedCollator("state")([1000, 1001], [5, 6, 7, 8], Cut(k=2, ratio=0.5))
+    splice = SeedSplicer("state")([1000, 1001], [5, 6, 7, 8], Cut(k=2, ratio=0.5))
     assert splice.prompt_ids == [1000, 1001, 5, 6]
     assert splice.prefix_ids == [5, 6]
     assert splice.prefix_mask == [0, 0]
-    assert SeedCollator("action")([1000], [5, 6, 7], Cut(k=2, ratio=0.7)).prefix_mask == [1, 1]
+    assert SeedSplicer("action")([1000], [5, 6, 7], Cut(k=2, ratio=0.7)).prefix_mask == [1, 1]
 
 
 def test_collator_response_joins_and_truncates_to_budget():
-    splice = SeedCollator("state")([1000], [5, 6, 7, 8], Cut(k=3, ratio=0.8))
-    ids, mask = SeedCollator.response(splice, [20, 21, 22, 23], budget=5)
+    splice = SeedSplicer("state")([1000], [5, 6, 7, 8], Cut(k=3, ratio=0.8))
+    ids, mask = SeedSplicer.response(splice, [20, 21, 22, 23], budget=5)
     assert ids == [5, 6, 7, 20, 21]  # 3 prefix tokens + the 2 the budget leaves
     assert mask == [0, 0, 0, 1, 1]
 
 
 def test_collator_rejects_bad_cuts_and_modes():
     with pytest.raises(ValueError, match="1 <= k"):
-        SeedCollator("state")([1], [5, 6], Cut(k=2, ratio=0.9))
+        SeedSplicer("state")([1], [5, 6], Cut(k=2, ratio=0.9))
     with pytest.raises(ValueError, match="prefix_mode"):
-        SeedCollator("prefix")
+        SeedSplicer("prefix")
 
 
 def test_prefix_importance_weights_are_truncated_ratios_on_prefix_only():
@@ -121,7 +121,7 @@ def test_seeds_that_cannot_be_cut_as_asked_are_refused():
 
 
 def test_splice_of_a_banked_seed_holds_plain_ints():
-    splice = SeedCollator()([5, 6], np.array([10, 11, 12], dtype=np.int32), Cut(k=2, ratio=0.5))
+    splice = SeedSplicer()([5, 6], np.array([10, 11, 12], dtype=np.int32), Cut(k=2, ratio=0.5))
     assert splice.prompt_ids == [5, 6, 10, 11] and splice.prefix_ids == [10, 11]
     assert all(type(t) is int for t in splice.prompt_ids)
 

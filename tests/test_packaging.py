@@ -69,7 +69,7 @@ def test_ci_installs_the_wheel_and_trains_from_an_empty_folder():
 
 def test_recipes_and_accelerate_configs_ship_with_the_package():
     from ts_trl.resources import packaged_file
-    from ts_trl.train import resolve_recipe
+    from ts_trl.script import resolve_recipe
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     for kind in ("recipes", "accelerate_configs"):

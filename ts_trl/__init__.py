@@ -11,7 +11,7 @@ _EXPORTS = {
     "SeedBank": "ts_trl.bank",
     "Seed": "ts_trl.bank",
     "Rollout": "ts_trl.bank",
-    "SeedCollator": "ts_trl.cutting",
+    "SeedSplicer": "ts_trl.cutting",
     "Cut": "ts_trl.cutting",
     "SeedSnapshotCallback": "ts_trl.snapshots",
 }

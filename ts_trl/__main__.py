@@ -24,7 +24,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict]:
     """The `ts_trl` parser, and its subparsers by command name."""
     from trl import TrlParser
 
-    from .train import make_parser as make_train_parser
+    from .script import make_parser as make_train_parser
 
     parser = argparse.ArgumentParser(prog="ts_trl", description="Thinking Seeds for TRL's GRPOTrainer.")
     # TrlParser subparsers, as TRL's own CLI builds them: `train` is the script's parser, recipes and all.
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if argv[0] == "train":
-        from .train import run
+        from .script import run
 
         return run(argv[1:], commands["train"], prog="ts_trl train")
     return import_module(ANALYSES[argv[0]][0]).cli(argv[1:])

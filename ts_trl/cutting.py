@@ -65,7 +65,7 @@ def choose_cut(
     return Cut(k=k, ratio=ratio)
 
 
-class SeedCollator:
+class SeedSplicer:
     """The one place that splices a cut seed after a prompt and builds the prefix loss mask."""
 
     def __init__(self, prefix_mode: str = "state"):

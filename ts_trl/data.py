@@ -162,17 +162,15 @@ def read_hub(name: str, config: str | None = None, split: str = "train", streami
         raise ValueError(f"--dataset_name {name}: cannot load it{hint}: {type(error).__name__}: {error}") from error
 
 
-def load_training_data(script_args, seed: int = 0, with_eval: bool = False):
-    """The training set (and the evaluation set, or None) of a `ts_trl.train` run, as `to_prompt_dataset` rows.
+def load_training_data(script_args, with_eval: bool = False, task=None):
+    """The training set (and the evaluation set, or None) of a `ts_trl train` run, as `to_prompt_dataset` rows.
 
-    With neither `dataset_name` nor `dataset_path`, the built-in task's training and held-out sets.
+    With `task` (the embedded default's built-in task), its training and held-out sets.
     """
+    if task is not None:
+        return task.make_splits(script_args.embedded_train_problems, script_args.embedded_eval_problems)
     if script_args.dataset_name is None and script_args.dataset_path is None:
-        from .embedded.tasks import embedded_task
-
-        return embedded_task(script_args, seed).make_splits(
-            script_args.embedded_train_problems, script_args.embedded_eval_problems
-        )
+        raise ValueError("No training data: set --dataset_name or --dataset_path (or neither, for the embedded task).")
 
     def read(split):
         if script_args.dataset_path is not None:

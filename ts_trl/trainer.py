@@ -53,7 +53,7 @@ from .bank import Rollout
 from .cards import THINKING_SEEDS_CITATION, render_model_card
 from .collectives import pause_backend_threads_at_exit
 from .config import SeedGRPOConfig
-from .cutting import SeedCollator, boundary_token_ids, prefix_importance_weights
+from .cutting import SeedSplicer, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .prefix_forcing import ForcedPrefix, strip_forced
@@ -118,7 +118,7 @@ class SeedGRPOTrainer(GRPOTrainer):
                         f"seed_method={args.seed_method!r} cannot be combined with `{unsupported}`: seeds are spliced "
                         "into single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
                     )
-        self.seed_collator = SeedCollator(args.prefix_mode)
+        self.seed_splicer = SeedSplicer(args.prefix_mode)
         tokenizer_fp = tokenizer_fingerprint(self._tokenizer)
         external_seeds = None
         if args.seed_dataset is not None:
@@ -308,7 +308,7 @@ class SeedGRPOTrainer(GRPOTrainer):
                     prompt_ids, images, multimodal_fields, num_generations, has_tool_images
                 )
         plan.splices = [
-            self.seed_collator(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
+            self.seed_splicer(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
             for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
         ]
         spliced = [s.prompt_ids if s is not None else list(ids) for ids, s in zip(prompt_ids, plan.splices)]
@@ -349,7 +349,7 @@ class SeedGRPOTrainer(GRPOTrainer):
                 continuation = list(continuation)
                 response, mask, k = continuation, [1] * len(continuation), 0
             else:  # the continuation only gets the budget the prefix leaves
-                response, mask = self.seed_collator.response(splice, list(continuation), self.max_completion_length)
+                response, mask = self.seed_splicer.response(splice, list(continuation), self.max_completion_length)
                 k = len(splice.prefix_ids)
             completion_ids.append(response)
             masks.append(mask)

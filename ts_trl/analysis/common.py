@@ -93,7 +93,7 @@ def check_ratios(ratios: Sequence[float]) -> list[float]:
     return sorted(set(ratios))
 
 
-def load_prompts(source: str, limit: int | None = None, seed: int = 0, task: str = "add") -> list[dict]:
+def load_prompts(source: str, limit: int | None = None, task_seed: int = 0, task: str = "add") -> list[dict]:
     """Rows with `prompt` and `answer` from a .jsonl or .parquet file, or `embedded` (the held-out set of the built-in
     task `task`: `add`, whose difficulty `embedded:D` sets, or `chain`).
 
@@ -106,7 +106,7 @@ def load_prompts(source: str, limit: int | None = None, seed: int = 0, task: str
 
         difficulty = int(source.split(":", 1)[1]) if ":" in source else 2
         try:
-            built = make_task(task, seed=seed, difficulty=difficulty, min_difficulty=None)
+            built = make_task(task, seed=task_seed, difficulty=difficulty, min_difficulty=None)
         except ValueError as error:
             raise InputError(str(error)) from None
         rows = built.make_splits(1, limit or 64)[1].to_list()
@@ -232,7 +232,7 @@ def sample_continuations(
     tokenizer,
     contexts: Sequence[Sequence[int]],
     budgets: Sequence[int],
-    seed: int,
+    rng_seed: int,
     batch_size: int = 64,
     sampling: Sampling = Sampling(),
     desc: str = "sampling",
@@ -240,7 +240,7 @@ def sample_continuations(
     """Samples one continuation per context (token ids), each cut at its budget and after its first EOS.
 
     Sampling follows `sampling` (temperature, top-k, top-p, min-p, repetition penalty) as the run's generation did,
-    and is deterministic given `seed`; a temperature of 0 is greedy.
+    and is deterministic given `rng_seed`; a temperature of 0 is greedy.
     """
     import torch
     from tqdm.auto import tqdm
@@ -250,7 +250,7 @@ def sample_continuations(
     results: list[list[int]] = [[] for _ in contexts]
     order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]))  # similar lengths share a batch
     with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
+        torch.manual_seed(rng_seed)
         for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
             batch = [i for i in order[start : start + batch_size] if budgets[i] > 0]
             if not batch:
@@ -374,7 +374,7 @@ def prefix_overlap(logp_current, logp_behaviour):
 
 
 def paired_bootstrap(
-    differences: Sequence[Sequence[float]], resamples: int = 4000, seed: int = 0, level: float = 0.95
+    differences: Sequence[Sequence[float]], resamples: int = 4000, rng_seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float]:
     """Mean of paired differences with a percentile bootstrap interval that resamples clusters (e.g. prompts).
 
@@ -388,7 +388,7 @@ def paired_bootstrap(
         return math.nan, math.nan, math.nan
     sums = np.array([d.sum() for d in clusters])
     counts = np.array([len(d) for d in clusters], dtype=np.float64)
-    picks = np.random.default_rng(seed).integers(0, len(clusters), size=(resamples, len(clusters)))
+    picks = np.random.default_rng(rng_seed).integers(0, len(clusters), size=(resamples, len(clusters)))
     means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])

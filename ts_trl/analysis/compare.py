@@ -69,7 +69,7 @@ class Budget:
     n_probe: int
 
 
-# The embedded default's task and training settings (ts_trl/train.py EMBEDDED_DEFAULTS): same warm-up (hence the same
+# The embedded default's task and training settings (ts_trl/script.py EMBEDDED_DEFAULTS): same warm-up (hence the same
 # cache), 32 groups of 8 per step, the same training prompts and learning rate. Held-out: 8 samples for pass@8.
 FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
@@ -302,7 +302,7 @@ def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> Non
     contexts = [tokenizer(p)["input_ids"] for p in train_set["prompt"][: budget.n_probe]] * 2
     with torch_threads(1):
         rollouts = sample_continuations(
-            model, tokenizer, contexts, [budget.max_completion_length] * len(contexts), seed=12345, desc="probe"
+            model, tokenizer, contexts, [budget.max_completion_length] * len(contexts), rng_seed=12345, desc="probe"
         )
         prefixes = [ids[: max(1, int(COVERAGE_CUT * len(ids)))] for ids in rollouts]
         logq = [sum(lp) for lp in token_logprobs(model, contexts, prefixes)]

@@ -305,7 +305,7 @@ def _record(row, sample, condition, ratio, k, ids, tokenizer) -> dict:
     }
 
 
-def summarize(samples: list[dict], ratios: list[float], seed: int = 0) -> list[dict]:
+def summarize(samples: list[dict], ratios: list[float], rng_seed: int = 0) -> list[dict]:
     """Per ratio: each condition's pass rate with its Wilson interval, and the paired differences with bootstrap ones.
 
     The flat baselines are repeated at every r. A difference is averaged over (prompt, sample) pairs; its interval
@@ -342,7 +342,7 @@ def summarize(samples: list[dict], ratios: list[float], seed: int = 0) -> list[d
             for s in samples:
                 if s["condition"] == "b_from_a" and s["ratio"] == ratio:
                     per_prompt[s["prompt_id"]].append(s["passed"] - alone[(baseline, s["prompt_id"], s["sample"])])
-            mean, low, high = paired_bootstrap([per_prompt[p] for p in prompt_ids], seed=seed)
+            mean, low, high = paired_bootstrap([per_prompt[p] for p in prompt_ids], rng_seed=rng_seed)
             summary.append(
                 {
                     "ratio": ratio,

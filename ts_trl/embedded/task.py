@@ -108,12 +108,6 @@ class EmbeddedTask:
         """How many distinct problems exist (ordered, distinct operands), over all levels."""
         return sum(math.perm(self.max_operand - self.min_operand + 1, level + 1) for level in self.levels)
 
-    @property
-    def max_completion_tokens(self) -> int:
-        """Tokens in the longest solution plus EOS, with the character tokenizer: a floor for `max_completion_length`."""
-        largest = range(self.max_operand, self.max_operand - self.num_operands, -1)  # largest partial sums first
-        return len(worked_solution(list(largest))) + 1
-
     def is_held_out(self, problem: Problem) -> bool:
         # By the set of operands, not the prompt: reorderings of one problem share every solution, so they must not
         # straddle the split.

@@ -64,16 +64,6 @@ def build_task_model(name: str, task=None, warmup_steps: int | None = None, **wa
     return build_warm_model(task or make_task(name), model_kwargs=spec.model_kwargs, steps=steps, **warm_up_kwargs)
 
 
-def embedded_task(script_args, seed: int = 0):
-    """The built-in task of a `ts_trl train` run (its `task`, `embedded_difficulty`, `embedded_min_difficulty`)."""
-    return make_task(
-        getattr(script_args, "task", DEFAULT_TASK),
-        seed=seed,
-        difficulty=script_args.embedded_difficulty,
-        min_difficulty=getattr(script_args, "embedded_min_difficulty", None),
-    )
-
-
 def task_named(argv: list[str], recipe: dict) -> str:
     """The `--task` of a command line (`--task X` or `--task=X`), else the recipe's `task`, else the default."""
     for index, arg in enumerate(argv):

@@ -1,7 +1,7 @@
 """Train with Thinking Seeds: the installed script, shaped like TRL's `trl/scripts/grpo.py`.
 
     ts_trl train [--config embedded|<recipe.yaml>] [--flag value ...]              # one process, in this process
-    accelerate launch [--config_file cpu|<accelerate.yaml>] -m ts_trl.train [...]   # any accelerate setup
+    accelerate launch [--config_file cpu|<accelerate.yaml>] -m ts_trl train [...]   # any accelerate setup
 
 With no model and no dataset it runs the *embedded default*: the built-in task, the package's own tiny model warmed up
 on CPU, then Thinking Seeds, all offline, ending with a report of held-out pass@1 before and after; its settings are
@@ -349,8 +349,21 @@ def learning_curve(script_args, training_args, eval_dataset):
     )
 
 
-def load_model(script_args: SeedScriptArguments, training_args, model_args):
-    """The model and tokenizer to train: a Hub id or folder (loaded by the trainer), or the embedded tiny model.
+def embedded_task(script_args: SeedScriptArguments, seed: int):
+    """The built-in task of the embedded default, as the script arguments set it; its warm-up and data both use it."""
+    from .embedded.tasks import make_task
+
+    return make_task(
+        script_args.task,
+        seed=seed,
+        difficulty=script_args.embedded_difficulty,
+        min_difficulty=script_args.embedded_min_difficulty,
+    )
+
+
+def load_model(script_args: SeedScriptArguments, training_args, model_args, task=None):
+    """The model and tokenizer to train: a Hub id or folder (loaded by the trainer), or the tiny model warmed up on
+    `task` (the embedded default's `embedded_task`).
 
     A named model is returned as its name with `processing_class=None`, so that `GRPOTrainer` loads it itself (under
     ZeRO-3 that is what shards the weights at load time; `--load_in_4bit/8bit` reach it as TRL's scripts pass them);
@@ -376,11 +389,12 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args):
             "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
             "the embedded default's tiny model is not quantized. Drop the flag or name a model."
         )
-    from .embedded.tasks import build_task_model, embedded_task
+    from .embedded.tasks import build_task_model
 
-    task = embedded_task(script_args, seed=training_args.seed)
-    warmup_steps = script_args.embedded_warmup_steps
-    return build_task_model(script_args.task, task, warmup_steps=warmup_steps, seed=training_args.seed)
+    task = task or embedded_task(script_args, training_args.seed)
+    return build_task_model(
+        script_args.task, task, warmup_steps=script_args.embedded_warmup_steps, seed=training_args.seed
+    )
 
 
 def is_embedded_task(script_args: SeedScriptArguments) -> bool:
@@ -426,7 +440,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
     from . import SeedGRPOTrainer
     from .data import load_training_data
-    from .embedded.report import held_out_pass_at_1, report_run
+    from .report import held_out_pass_at_1, report_run
     from .rewards import check_reward_columns, get_reward_funcs
     from .snapshots import SaveOnInterrupt
 
@@ -438,9 +452,10 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     with fail_clearly():
         if not script_args.reward_funcs and not embedded:
             raise ConfigError("--reward_funcs is required with a dataset, e.g. --reward_funcs math format.")
-        model, tokenizer = load_model(script_args, training_args, model_args)
+        task = embedded_task(script_args, training_args.seed) if embedded else None
+        model, tokenizer = load_model(script_args, training_args, model_args, task)
         train_dataset, eval_dataset = load_training_data(
-            script_args, seed=training_args.seed, with_eval=not embedded and training_args.eval_strategy != "no"
+            script_args, with_eval=not embedded and training_args.eval_strategy != "no", task=task
         )
         reward_funcs = get_reward_funcs(script_args.reward_funcs or ["embedded"])
         check_reward_columns(train_dataset, reward_funcs)
@@ -488,11 +503,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
 
 
 def run(argv: list[str] | None = None, parser: TrlParser | None = None, prog: str | None = None) -> int:
-    """Parses `argv` (default: the command line) and trains: what `ts_trl train`, `train.py` and `-m` run."""
+    """Parses `argv` (default: the command line) and trains: what `ts_trl train`, `train.py` and `-m ts_trl` run."""
     with fail_clearly(prog):  # bad input: one line on stderr and exit status 2, before any training
         script_args, training_args, model_args = parse_args(parser or make_parser(prog=prog), argv)
     return main(script_args, training_args, model_args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(run(prog="ts_trl.train"))

@@ -1,4 +1,4 @@
-"""The report a `ts_trl.train` run ends with: held-out pass@1 on the built-in task, seeding statistics, what was written.
+"""The report a `ts_trl train` run ends with: held-out pass@1 on the built-in task, seeding statistics, what was written.
 
 It is printed as aligned text and saved as `<output_dir>/report.json`.
 """
@@ -28,7 +28,7 @@ def held_out_pass_at_1(trainer, dataset, num_samples: int) -> float | None:
         return None
     if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: generate() outside the engine would see none
         return None
-    from . import embedded_reward, pass_at_1
+    from .embedded import embedded_reward, pass_at_1
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     return pass_at_1(
