@@ -515,14 +515,20 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     start = {(p["method"], p["seed"], p["prompt"]): p["passes"] for p in prompts if p["step"] == "0"}
     assert all(start[("none", s, j)] == start[("seeds-state", s, j)] for _, s, j in start)
     # The paired-difference lines are those of the statistics recomputed from prompts.csv.
-    differences = compare.paired_differences(compare.read_csv(out / "prompts.csv"))
-    assert {(d["metric"], d["at_equal"]) for d in differences} == {
-        (m, b) for m in ("pass@1", "pass@8") for b in ("steps", "tokens")
-    }
+    # The difference tables are those of the statistics recomputed from the CSVs, and differences.csv holds them.
+    differences = compare.all_differences(compare.read_csv(out / "prompts.csv"), compare.read_csv(out / "compare.csv"))
+    assert {d["endpoint"] for d in differences} == {
+        f"pass@{k} at equal {b}" for k in (1, 8) for b in ("steps", "tokens")
+    } | {"coverage", compare.ZERO_STD_GAP}
+    assert len(compare.read_csv(out / "differences.csv")) == len(differences)
     for d in differences:
-        line = next(line for line in printed.splitlines() if line.startswith(f"| {d['method']} | {d['metric']} |"))
-        cell = line.split("|")[3 if d["at_equal"] == "steps" else 4]
-        assert f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" in cell
+        start = f"| {d['method']} | {d['baseline']} | " + ("" if d["role"] == "primary" else f"{d['endpoint']} | ")
+        line = next(line for line in printed.splitlines() if line.startswith(start))
+        assert line == start + " | ".join(compare.difference_cells(d)) + " |"
+    # Both runs logged the all-equal share of their plain groups, the seeded run that of its seeded groups too.
+    shares = {r["method"]: r for r in runs}
+    assert shares["none"]["zero_std_share_seeded"] == "nan" and float(shares["none"]["zero_std_share_plain"]) >= 0
+    assert 0 <= float(shares["seeds-state"]["zero_std_share_seeded"]) <= 1
     coverage = [c for c in csv.DictReader(open(out / "curves.csv")) if c["kind"] == "coverage"]
     assert {c["step"] for c in coverage} == {"0", "1", "2", "3"} and all(0 < float(c["value"]) <= 1 for c in coverage)
     # At step 0 the policy is the warm model that sampled the reference states: p = q, full coverage.
@@ -537,84 +543,6 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0 and (out / "compare.csv").read_text() == before
 
 
-def _prompt_rows(method, seed, points):
-    """prompts.csv rows of one run: points are (step, generated tokens, [passes per prompt]) with 8 samples each."""
-    return [
-        {"method": method, "seed": seed, "step": step, "prompt": j, "passes": passes, "samples": 8,
-         "generated_tokens": tokens}
-        for step, tokens, per_prompt in points
-        for j, passes in enumerate(per_prompt)
-    ]  # fmt: skip
-
-
-def _through_csv(tmp_path, rows):
-    from ts_trl.analysis.common import write_csv
-    from ts_trl.analysis.compare import read_csv
-
-    write_csv(tmp_path / "prompts.csv", rows)
-    return read_csv(tmp_path / "prompts.csv")
-
-
-def test_paired_bootstrap_ci_recomputed_by_hand(tmp_path):
-    """The CI is a two-way bootstrap (RNG seeds, then prompts, with replacement) of the paired per-prompt differences."""
-    from ts_trl.analysis.compare import paired_differences
-
-    none = {0: [0, 2, 4, 8], 1: [1, 1, 3, 6], 2: [0, 0, 2, 8]}
-    seeds = {0: [2, 2, 6, 8], 1: [1, 4, 3, 7], 2: [3, 1, 2, 8]}
-    rows = []
-    for s in range(3):
-        rows += _prompt_rows("none", s, [(0, 0, [0, 0, 0, 0]), (10, 1000, none[s])])
-        rows += _prompt_rows("seeds-state", s, [(0, 0, [0, 0, 0, 0]), (10, 1000, seeds[s])])
-    found = {(d["metric"], d["at_equal"]): d for d in paired_differences(_through_csv(tmp_path, rows))}
-    d = found[("pass@1", "steps")]
-    matrix = np.array([[(a - b) / 8 for a, b in zip(seeds[s], none[s])] for s in range(3)])
-    rng = np.random.default_rng(0)
-    replicates = []
-    for _ in range(2000):
-        rows_drawn = rng.integers(3, size=3)
-        columns = rng.integers(4, size=4)
-        replicates.append(np.mean([matrix[r, c] for r in rows_drawn for c in columns]))
-    assert d["difference"] == pytest.approx(matrix.mean()) == pytest.approx(12 / 96)
-    assert (d["ci_low"], d["ci_high"]) == pytest.approx(tuple(np.percentile(replicates, [2.5, 97.5])))
-    assert d["ci_low"] < d["difference"] < d["ci_high"] and d["significant"] == (d["ci_low"] > 0)
-    # pass@8 per prompt is "any of the 8 passed"; both runs stop at the same tokens, so equal tokens = equal steps.
-    pass8 = np.array([[(a > 0) - (b > 0) for a, b in zip(seeds[s], none[s])] for s in range(3)])
-    assert found[("pass@8", "steps")]["difference"] == pytest.approx(pass8.mean())
-    assert found[("pass@1", "tokens")]["difference"] == pytest.approx(d["difference"])
-
-
-def test_constant_paired_difference_has_a_zero_width_interval(tmp_path):
-    from ts_trl.analysis.compare import paired_differences
-
-    rows = []
-    for s in range(2):
-        rows += _prompt_rows("none", s, [(0, 0, [1, 2, 3]), (4, 500, [2, 3, 4])])
-        rows += _prompt_rows("replay", s, [(0, 0, [1, 2, 3]), (4, 500, [4, 5, 6])])
-    d = next(d for d in paired_differences(_through_csv(tmp_path, rows)) if d["metric"] == "pass@1")
-    assert d["difference"] == d["ci_low"] == d["ci_high"] == pytest.approx(2 / 8) and d["significant"]
-
-
-def test_equal_token_comparison_interpolates_each_curve_where_the_cheapest_run_stops(tmp_path):
-    """Seeds stop at 600 generated tokens, on-policy at 1000: on-policy is read at 600 on its straight segment."""
-    from ts_trl.analysis.compare import paired_differences
-
-    rows = []
-    for s in range(2):
-        rows += _prompt_rows("none", s, [(0, 0, [0, 0]), (5, 400, [2, 4]), (10, 1000 + s, [8, 4])])
-        rows += _prompt_rows("seeds-state", s, [(0, 0, [0, 0]), (5, 300, [1, 1]), (10, 600 + 100 * s, [6, 2])])
-    found = {(d["metric"], d["at_equal"]): d for d in paired_differences(_through_csv(tmp_path, rows))}
-    tokens = found[("pass@1", "tokens")]
-    assert tokens["budget"] == 600  # the smallest final token count of any run
-    # none at 600: a third of the way from 400 to 1000 (to 1001 for seed 1); seeds-state at 600: its end (seed 0),
-    # or 3/4 of the way from 300 to 700 (seed 1).
-    none_at = [[2 + (8 - 2) * 200 / (1000 + s - 400), 4.0] for s in range(2)]
-    seeds_at = [[6.0, 2.0], [1 + (6 - 1) * 300 / 400, 1 + (2 - 1) * 300 / 400]]
-    expected = np.mean([[(a - b) / 8 for a, b in zip(seeds_at[s], none_at[s])] for s in range(2)])
-    assert tokens["difference"] == pytest.approx(expected)
-    steps = found[("pass@1", "steps")]
-    assert steps["budget"] == 10 and steps["difference"] == pytest.approx(np.mean([6 - 8, 2 - 4]) / 8)
-
-
 def test_compare_rejects_bad_budget(capsys):
     from ts_trl.__main__ import main
 
@@ -622,33 +550,6 @@ def test_compare_rejects_bad_budget(capsys):
     assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."
     assert main(["compare", "--steps", "4", "--n-train", "256"]) == 2  # 4 x 32 prompts never come back: no seeds
     assert "never brings a training prompt back" in capsys.readouterr().err
-
-
-def test_the_papers_pairwise_claims_are_paired_directly_and_printed(tmp_path):
-    """seeds-state against seeds-action (and replay) uses the same paired bootstrap, with the other as the baseline."""
-    from types import SimpleNamespace
-
-    from ts_trl.analysis.compare import FULL, format_table, paired_differences
-
-    rows = []
-    for s in range(2):
-        rows += _prompt_rows("none", s, [(0, 0, [1, 2, 3]), (4, 500, [2, 3, 4])])
-        rows += _prompt_rows("seeds-action", s, [(0, 0, [1, 2, 3]), (4, 400, [1, 2, 3])])
-        rows += _prompt_rows("seeds-state", s, [(0, 0, [1, 2, 3]), (4, 400, [3, 4, 5])])
-    rows = _through_csv(tmp_path, rows)
-    claims = paired_differences(rows, baseline="seeds-action", methods=["seeds-state"])
-    d = next(d for d in claims if (d["metric"], d["at_equal"]) == ("pass@1", "steps"))
-    assert d["baseline"] == "seeds-action" and d["method"] == "seeds-state"
-    assert d["difference"] == d["ci_low"] == d["ci_high"] == pytest.approx(2 / 8) and d["significant"]
-    # Against none instead, seeds-state is 1/8 ahead: the baseline really changes what is subtracted.
-    vs_none = paired_differences(rows, methods=["seeds-state"])
-    assert next(d for d in vs_none if d["at_equal"] == "steps")["difference"] == pytest.approx(1 / 8)
-    summary = [{"method": "none", "pass_at_1_mean": 0.3, "gain_mean": 0.1, "k": 8, "runs": 2, "pass_at_1_std": 0.0,
-                "pass_at_k_mean": 0.5, "coverage_mean": 0.5, "generated_tokens": 500, "reused_tokens": 0,
-                "wall_s": 1.0}]  # fmt: skip
-    args = SimpleNamespace(min_difficulty=1, difficulty=2, jobs=1)
-    table = format_table(summary, vs_none, FULL, args, 60.0, claims)
-    assert "| seeds-state | seeds-action | pass@1 | +0.250 [+0.250, +0.250] * |" in table
 
 
 def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):

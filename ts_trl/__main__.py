@@ -14,7 +14,10 @@ from importlib import import_module
 ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
     "positions": ("ts_trl.analysis.positions", "per-position divergence of a checkpoint from a seed dataset"),
-    "compare": ("ts_trl.analysis.compare", "none / replay / seeds+action / seeds+state on the embedded task"),
+    "compare": (
+        "ts_trl.analysis.compare",
+        "none / replay / seeds+action / seeds+state on the embedded task or a recipe (--config)",
+    ),
     "probe-cuts": ("ts_trl.analysis.probe_cuts", "all-equal groups per cut ratio on one model: pick cut_ratio_max"),
 }
 COMMANDS = ("train", *ANALYSES)

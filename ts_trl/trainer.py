@@ -55,6 +55,7 @@ from .collectives import pause_backend_threads_at_exit
 from .config import SeedGRPOConfig
 from .cutting import SeedSplicer, boundary_token_ids, prefix_importance_weights
 from .data import prompt_id_of
+from .group_signal import log_zero_std_shares
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .prefix_forcing import ForcedPrefix, strip_forced
 from .snapshots import (
@@ -244,7 +245,12 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training or self.args.seed_method == "none":
-            return super()._generate_and_score_completions(inputs)
+            output = super()._generate_and_score_completions(inputs)
+            if self.model.training:  # on-policy: every group is plain
+                log_zero_std_shares(
+                    self._metrics["train"], self._last_rewards_per_func, self.reward_weights, self.num_generations
+                )
+            return output
         self.seed_store.flush()
         self._plan = self._plan_groups(inputs)
         try:
@@ -645,6 +651,10 @@ class SeedGRPOTrainer(GRPOTrainer):
         plain = ~(seeded | replayed)
         if plain.any():
             metrics["seeds/reward_unseeded"].append(torch.nanmean(total_rewards[plain]).item())
+        log_zero_std_shares(  # TRL's frac_reward_zero_std mixes seeded and plain groups
+            metrics, self._last_rewards_per_func, self.reward_weights, self.num_generations, plan.global_seeded,
+            plan.global_replayed,
+        )  # fmt: skip
         mask = output["completion_mask"]
         prefix = torch.zeros_like(mask)
         for i, cut in enumerate(plan.cuts):

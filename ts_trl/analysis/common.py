@@ -262,8 +262,8 @@ def sample_continuations(
                 input_ids[row, width - len(contexts[i]) :] = torch.tensor(list(contexts[i]))
                 attention_mask[row, width - len(contexts[i]) :] = 1
             output = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
+                input_ids=input_ids.to(model.device),  # the model may sit on an accelerator
+                attention_mask=attention_mask.to(model.device),
                 max_new_tokens=max(budgets[i] for i in batch),
                 do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None,
@@ -310,7 +310,8 @@ def token_logprobs(
             for row, (a, b) in enumerate(zip(ctx, comp)):  # right padding: positions stay those of a lone sequence
                 input_ids[row, : len(a) + len(b)] = torch.tensor(list(a) + list(b))
                 attention_mask[row, : len(a) + len(b)] = 1
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float() / temperature
+            inputs = {"input_ids": input_ids.to(model.device), "attention_mask": attention_mask.to(model.device)}
+            logits = model(**inputs).logits.float() / temperature
             for row, (a, b) in enumerate(zip(ctx, comp)):
                 positions = torch.arange(len(a) - 1, len(a) + len(b) - 1)
                 scores = logits[row, positions]

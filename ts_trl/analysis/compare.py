@@ -8,12 +8,16 @@ scored on the held-out split with the same sampling seed per RNG seed (common ra
 compared *paired*: per RNG seed and per held-out prompt. Generated tokens are counted apart from seed-prefix and
 replayed tokens, which cost no generation.
 
-What it reports, per method against `none`: the difference in held-out pass@1 and pass@8 at equal optimizer steps
-(the end of training) and at equal generated tokens (each run's curve interpolated linearly, per prompt, at the
-budget where the cheapest run stops), with 95% confidence intervals from a bootstrap over RNG seeds and held-out
-prompts; and state coverage over training: `ts_trl.analysis.common.prefix_overlap`, E_q[min(1, p/q)], over prefixes
-of the warm model's rollouts on training prompts (the states every run's first checkpoint reached). Runs go in
-parallel worker processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
+What it reports, per method against `none` (and seeds-state against seeds-action and replay, the paper's other
+claims): the primary endpoint, fixed in advance, is the held-out pass@1 difference at equal optimizer steps, paired per
+RNG seed, with a paired t interval over the seeds' means (`stats.paired_t`, df = seeds - 1), its p-value, the
+two-way bootstrap over RNG seeds and prompts as a sensitivity check, and the smallest effect the run could detect.
+Secondary endpoints, Holm-corrected as one family per comparison: pass@8 at equal steps, pass@1 and pass@8 at equal
+generated tokens (each run's per-prompt curve interpolated linearly at the budget where the cheapest run stops),
+state coverage (`ts_trl.analysis.common.prefix_overlap`, E_q[min(1, p/q)], over prefixes of the warm model's
+rollouts on training prompts), the task's own endpoints, and, within each seeded run, the all-equal share of its
+seeded groups minus that of its plain groups. `docs/compare.md` states the protocol. Runs go in parallel worker
+processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ import copy
 import csv
 import json
 import math
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .common import InputError, output_dir, quiet_libraries, run_command, write_csv
+from .stats import ALPHA, POWER, holm, paired_t
 
 METHODS = {
     "none": {"seed_method": "none"},
@@ -47,8 +54,11 @@ COVERAGE_CUT = 0.5  # states are the first half (in tokens) of the warm model's 
 BOOTSTRAP_SAMPLES = 2000
 # The paper's claims that do not involve on-policy GRPO, compared directly: (method, against).
 PAPER_CLAIMS = [("seeds-state", "seeds-action"), ("seeds-state", "replay")]
-# Read from the samples on the chain task only (ts_trl.embedded.chain.trace_rates).
-TRACE_KEYS = ("error_share", "repair_share", "error_or_repair_share", "recovery_rate")
+PRIMARY = "pass@1 at equal steps"
+# Per-run endpoints from compare.csv, secondary to PRIMARY; a task adds its own through an `endpoints` attribute.
+SCALAR_ENDPOINTS = ("coverage",)
+ZERO_STD_GAP = "all-equal share, seeded - plain groups"
+ZERO_STD_SEEDED, ZERO_STD_PLAIN = "seeds/zero_std_share_seeded", "seeds/zero_std_share_plain"  # the trainer's logs
 PRECISION = "float32"  # saved runs without this key trained under bf16 autocast: not reused
 
 
@@ -85,6 +95,8 @@ TASK_DEFAULTS = {
     "add": {"learning_rate": LEARNING_RATE, "cut_ratio_max": 0.9},
     "chain": {"learning_rate": None, "cut_ratio_max": 0.3},
 }
+# Read from the samples on the chain task only (ts_trl.embedded.chain.trace_rates).
+TRACE_KEYS = ("error_share", "repair_share", "error_or_repair_share", "recovery_rate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--learning-rate", type=float, help="Default: the task's (add: the embedded default's).")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time, one process and one torch thread each.")
     parser.add_argument("--output-dir", default="compare", help="Where compare.md, the CSVs and compare.png go.")
+    parser.add_argument(
+        "--config",
+        help="A recipe (file or shipped name): run the methods on its model, data and rewards instead of the built-in "
+        "task. `ts_trl compare --config <recipe> --help` lists what it takes.",
+    )
     return parser
 
 
@@ -165,6 +182,11 @@ def budget_from(args) -> Budget:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--config" or a.startswith("--config=") for a in argv):
+        from .recipe_compare import main as compare_recipe  # the arms on a recipe's model, data and rewards
+
+        return compare_recipe(argv)
     args = build_parser().parse_args(argv)
     args.methods = [BASELINE] + [m for m in dict.fromkeys(args.methods) if m != BASELINE]
     budget = budget_from(args)
@@ -243,22 +265,16 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
         prompts += start_rows + o["prompts"]
     order = {m: i for i, m in enumerate(args.methods)}
     results.sort(key=lambda r: (order[r["method"]], r["seed"]))
-    paths = {name: out / name for name in ("compare.csv", "curves.csv", "prompts.csv", "compare.md", "compare.png")}
+    names = ("compare.csv", "curves.csv", "prompts.csv", "differences.csv", "compare.md", "compare.png")
+    paths = {name: out / name for name in names}
     if not results:
         return "", results, paths
     write_csv(paths["compare.csv"], results)
     write_csv(paths["curves.csv"], curves)
     write_csv(paths["prompts.csv"], prompts)
-    rows = read_csv(paths["prompts.csv"])
-    differences = paired_differences(rows)
-    present = {r["method"] for r in results}
-    claims = [
-        d
-        for method, baseline in PAPER_CLAIMS
-        if {method, baseline} <= present
-        for d in paired_differences(rows, baseline=baseline, methods=[method])
-    ]
-    table = format_table(summarize(results), differences, budget, args, elapsed, claims)
+    differences = all_differences(read_csv(paths["prompts.csv"]), read_csv(paths["compare.csv"]), _endpoints(args))
+    write_csv(paths["differences.csv"], differences)
+    table = format_table(summarize(results), differences, budget, args, elapsed)
     if partial:
         table = f"PARTIAL: {len(results)} of {len(args.methods) * budget.num_seeds} runs finished.\n\n{table}"
     paths["compare.md"].write_text(table + "\n")
@@ -266,16 +282,25 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
     return table, results, paths
 
 
-def _task_title(args) -> str:
-    if getattr(args, "task", "add") == "chain":
-        return "Chain task (4-6 digits, repairable errors)"
-    return f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
-
-
 def _task(args):
     from ..embedded.tasks import make_task
 
     return make_task(args.task, seed=0, difficulty=args.difficulty, min_difficulty=args.min_difficulty)
+
+
+def _endpoints(args) -> tuple[str, ...]:
+    """The per-run secondary endpoints: coverage, then the task's own (result columns its evaluation writes)."""
+    if hasattr(args, "endpoints"):  # a recipe comparison names its own
+        return tuple(args.endpoints)
+    return (*SCALAR_ENDPOINTS, *getattr(_task(args), "endpoints", ()))
+
+
+def _title(args) -> str:
+    if getattr(args, "title", None):
+        return args.title
+    if getattr(args, "task", "add") == "chain":
+        return "Chain task (4-6 digits, repairable errors)"
+    return f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
 
 
 def _map(function, items, jobs):
@@ -460,8 +485,38 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
     trainer.model.save_pretrained(run_dir / "final")
     tokenizer.save_pretrained(run_dir / "final")
 
-    logs = [h for h in trainer.state.log_history if "reward" in h]
-    rows_per_step = config.per_device_train_batch_size
+    training = training_log(trainer.state.log_history, method, seed, config.per_device_train_batch_size)
+    k = min(PASS_K, budget.eval_samples)
+    prompts, curves = [], training["curves"]
+    for scores in evals:
+        step = scores["prompts"][0]["step"]
+        at = training["tokens"][min(step, len(training["tokens"]) - 1)]
+        prompts += [{**row, "method": method, "generated_tokens": at} for row in scores["prompts"]]
+        traced = [kind for kind in TRACE_KEYS if kind in scores]
+        for kind in ("pass_at_1", f"pass_at_{k}", "coverage", *traced):
+            curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": scores[kind]})
+    final = evals[-1]
+    result = {
+        "method": method,
+        "seed": seed,
+        "pass_at_1": final["pass_at_1"],
+        f"pass_at_{k}": final[f"pass_at_{k}"],
+        "coverage": final["coverage"],
+        **{kind: final[kind] for kind in TRACE_KEYS if kind in final},
+        **training["result"],
+        "wall_s": round(wall, 1),
+    }
+    return result, curves, prompts
+
+
+def training_log(log_history: list[dict], method: str, seed: int, rows_per_step: int) -> dict:
+    """What a run's `log_history` (logged every step) gives the comparison.
+
+    `tokens`: generated tokens after each step (index = step, 0 first); `curves`: per-step training reward of plain
+    groups and shares of all-equal groups; `result`: the run's token counts, steps, and its all-equal shares of
+    seeded and of plain groups (means over the steps that had such groups; NaN when none did).
+    """
+    logs = [h for h in log_history if "reward" in h]
     tokens, generated, prefix = [0.0], 0.0, 0.0
     curves = []
     for step, h in enumerate(logs, start=1):
@@ -472,30 +527,26 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
             generated += h["completions/mean_length"] * rows_per_step
         tokens.append(generated)
         plain = h["reward"] if method == BASELINE else h.get("seeds/reward_unseeded", math.nan)
-        for kind, value in (("train_reward", plain), ("zero_std_groups", h.get("frac_reward_zero_std", math.nan))):
-            curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": value})
-    prompts = []
-    for scores in evals:
-        step = scores["prompts"][0]["step"]
-        at = tokens[min(step, len(tokens) - 1)]
-        prompts += [{**row, "method": method, "generated_tokens": at} for row in scores["prompts"]]
-        traced = [kind for kind in TRACE_KEYS if kind in scores]
-        for kind in ("pass_at_1", f"pass_at_{min(PASS_K, budget.eval_samples)}", "coverage", *traced):
-            curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": scores[kind]})
-    final = evals[-1]
+        for kind, key in (
+            ("zero_std_groups", "frac_reward_zero_std"),
+            ("zero_std_seeded", ZERO_STD_SEEDED),
+            ("zero_std_plain", ZERO_STD_PLAIN),
+        ):
+            curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": h.get(key, math.nan)})
+        curves.append({"method": method, "seed": seed, "step": step, "kind": "train_reward", "value": plain})
+
+    def mean_of(key: str) -> float:
+        values = [h[key] for h in logs if key in h and not math.isnan(h[key])]
+        return float(np.mean(values)) if values else math.nan
+
     result = {
-        "method": method,
-        "seed": seed,
-        "pass_at_1": final["pass_at_1"],
-        f"pass_at_{min(PASS_K, budget.eval_samples)}": final[f"pass_at_{min(PASS_K, budget.eval_samples)}"],
-        "coverage": final["coverage"],
-        **{kind: final[kind] for kind in TRACE_KEYS if kind in final},
         "generated_tokens": int(round(generated)),
         "reused_tokens": int(round(prefix)),
-        "wall_s": round(wall, 1),
         "steps": len(logs),
+        "zero_std_share_seeded": mean_of(ZERO_STD_SEEDED),
+        "zero_std_share_plain": mean_of(ZERO_STD_PLAIN),
     }
-    return result, curves, prompts
+    return {"tokens": tokens, "curves": curves, "result": result}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -563,7 +614,9 @@ def paired_differences(
     `rows` are `prompts.csv` rows (method, seed, step, prompt, passes, samples, generated_tokens). Equal steps: the
     last evaluated step. Equal tokens: the smallest final generated-token count over all runs (of every method in
     `rows`, whatever the baseline), where every run's per-prompt curve is interpolated. `methods`: the methods to
-    compare with the baseline (default: all).
+    compare with the baseline (default: all). Each difference carries the paired t analysis of its per-seed means
+    (`stats.paired_t`: `t_low`, `t_high`, `p_value`, `sd`, `seeds`, `mde`) and, as a sensitivity check, the two-way
+    bootstrap interval over seeds and prompts (`boot_low`, `boot_high`).
     """
     methods = methods or list(dict.fromkeys(r["method"] for r in rows))
     runs = sorted({(r["method"], int(r["seed"])) for r in rows})
@@ -583,21 +636,110 @@ def paired_differences(
             steps = np.stack([rates[(method, s, last)][1] - rates[(baseline, s, last)][1] for s in seeds])
             tokens = np.stack([at_tokens[(method, s)] - at_tokens[(baseline, s)] for s in seeds])
             for basis, matrix in (("steps", steps), ("tokens", tokens)):
-                mean, low, high = paired_bootstrap_ci(matrix)
+                _, low, high = paired_bootstrap_ci(matrix)
                 out.append(
                     {
                         "method": method,
                         "baseline": baseline,
-                        "metric": f"pass@{k}",
-                        "at_equal": basis,
+                        "endpoint": f"pass@{k} at equal {basis}",
                         "budget": last if basis == "steps" else budget,
-                        "difference": mean,
-                        "ci_low": low,
-                        "ci_high": high,
-                        "significant": bool(low > 0 or high < 0),
+                        **_t_columns(matrix.mean(axis=1)),  # per-seed means: every seed has the same prompts
+                        "boot_low": low,
+                        "boot_high": high,
                     }
                 )
     return out
+
+
+def scalar_differences(
+    results: list[dict],
+    columns: Sequence[str] = SCALAR_ENDPOINTS,
+    baseline: str = BASELINE,
+    methods: list[str] | None = None,
+) -> list[dict]:
+    """Paired differences against `baseline` of per-run values (`compare.csv` columns such as `coverage`).
+
+    The all-equal-group endpoint is within a run rather than against the baseline: per seed, the share of seeded
+    groups whose rewards were all equal minus that share of the same run's plain groups (`ZERO_STD_GAP`), for
+    methods that seed. Runs that lack a column (NaN or absent) are left out of its pairs.
+    """
+    methods = methods or list(dict.fromkeys(r["method"] for r in results))
+    by_run = {(r["method"], int(r["seed"])): r for r in results}
+
+    def value(method, seed, column) -> float:
+        cell = by_run.get((method, seed), {}).get(column, "")
+        return math.nan if cell in ("", None) else float(cell)
+
+    out = []
+    for method in (m for m in methods if m != baseline):
+        seeds = sorted(s for m, s in by_run if m == method and (baseline, s) in by_run)
+        for column in columns:
+            differences = [value(method, s, column) - value(baseline, s, column) for s in seeds]
+            if any(not math.isnan(d) for d in differences):
+                out.append({"method": method, "baseline": baseline, "endpoint": column, **_t_columns(differences)})
+        if baseline == BASELINE:
+            seeds = sorted(s for m, s in by_run if m == method)
+            gaps = [
+                value(method, s, "zero_std_share_seeded") - value(method, s, "zero_std_share_plain") for s in seeds
+            ]
+            if any(not math.isnan(g) for g in gaps):
+                out.append(
+                    {"method": method, "baseline": "its plain groups", "endpoint": ZERO_STD_GAP, **_t_columns(gaps)}
+                )
+    return out
+
+
+def _t_columns(per_seed: Sequence[float]) -> dict:
+    result = paired_t(per_seed)
+    return {
+        "difference": result.mean,
+        "seeds": result.n,
+        "sd": result.sd,
+        "t_low": result.low,
+        "t_high": result.high,
+        "p_value": result.p_value,
+        "mde": result.mde,
+    }
+
+
+def assess(differences: list[dict]) -> list[dict]:
+    """Marks the primary endpoint and Holm-corrects the secondary ones; returns the rows with `role`, `p_holm`,
+    `significant`.
+
+    Primary (fixed in advance): `PRIMARY`, pass@1 at equal optimizer steps, one test per comparison, judged by its
+    paired t p-value at `ALPHA`. Every other endpoint of the same method against the same baseline is secondary: one
+    family, Holm-adjusted (`p_holm`) and judged at `ALPHA`. The within-run all-equal gap joins its method's family
+    against `none`.
+    """
+    out = [dict(d) for d in differences]
+    families: dict[str, list[dict]] = {}
+    for d in out:
+        d["role"] = "primary" if d["endpoint"] == PRIMARY else "secondary"
+        family = d["method"] if d["baseline"] in (BASELINE, "its plain groups") else f"{d['method']}|{d['baseline']}"
+        families.setdefault(family, []).append(d)
+    for family in families.values():
+        secondary = [d for d in family if d["role"] == "secondary"]
+        for d, p in zip(secondary, holm([d["p_value"] for d in secondary])):
+            d["p_holm"] = p
+    for d in out:
+        p = d["p_value"] if d["role"] == "primary" else d["p_holm"]
+        d.setdefault("p_holm", math.nan)
+        d["significant"] = bool(p < ALPHA)
+    return out
+
+
+def all_differences(prompt_rows: list[dict], results: list[dict], columns: Sequence[str] = SCALAR_ENDPOINTS):
+    """Every endpoint of every method against `none`, and the paper's other claims paired directly, assessed.
+
+    `prompt_rows` and `results` are the rows of `prompts.csv` and `compare.csv`; `columns` the per-run endpoints.
+    """
+    differences = paired_differences(prompt_rows) + scalar_differences(results, columns)
+    present = {r["method"] for r in results}
+    for method, baseline in PAPER_CLAIMS:
+        if {method, baseline} <= present:
+            differences += paired_differences(prompt_rows, baseline=baseline, methods=[method])
+            differences += scalar_differences(results, columns, baseline=baseline, methods=[method])
+    return assess(differences)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -632,25 +774,37 @@ def summarize(results: list[dict]) -> list[dict]:
     return summary
 
 
-def _difference_cells(d: dict) -> str:
-    star = " *" if d["significant"] else ""
-    return f"{d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{star}"
+def _number(value: float, signed: bool = True) -> str:
+    return "n/a" if math.isnan(value) else f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
-def format_table(
-    summary: list[dict], differences: list[dict], budget: Budget, args, total_s: float, claims: list[dict] = ()
-) -> str:
-    import os
+def _interval(low: float, high: float) -> str:
+    return "n/a" if math.isnan(low) else f"[{low:+.3f}, {high:+.3f}]"
 
+
+def _p(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.3f}" if value >= 0.001 else "<0.001"
+
+
+def difference_cells(d: dict) -> list[str]:
+    """A difference's table cells: value (with * when significant), paired t interval, p, then the rest by role."""
+    cells = [_number(d["difference"]) + (" *" if d["significant"] else ""), _interval(d["t_low"], d["t_high"])]
+    cells.append(_p(d["p_value"]))
+    if d["role"] == "primary":
+        return cells + [_interval(d["boot_low"], d["boot_high"]), _number(d["mde"], signed=False)]
+    return cells + [_p(d["p_holm"])]
+
+
+def format_table(summary: list[dict], differences: list[dict], budget: Budget, args, total_s: float) -> str:
     start = summary[0]["pass_at_1_mean"] - summary[0]["gain_mean"]
     k = summary[0]["k"]
     lines = [
-        f"{_task_title(args)}, {budget.steps} steps x "
+        f"{_title(args)}, {budget.steps} steps x "
         f"{budget.prompts_per_step} prompts x {budget.num_generations} generations, {summary[0]['runs']} RNG seeds; "
-        f"held-out pass@1 and pass@{k} over {budget.n_eval} prompts x {budget.eval_samples} samples at temperature 1 "
-        f"(warm start pass@1: {start:.3f}).",
+        f"held-out pass@1 and pass@{k} over {budget.n_eval} prompts x {budget.eval_samples} samples at temperature "
+        f"{getattr(args, 'temperature', 1.0):g} (start pass@1: {start:.3f}).",
         "",
-        f"| method | pass@1 (mean ± std) | change vs. warm start | pass@{k} | state coverage | generated tokens | "
+        f"| method | pass@1 (mean ± std) | change vs. start | pass@{k} | state coverage | generated tokens | "
         "reused tokens | wall time (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -661,56 +815,54 @@ def format_table(
             f"| {s['coverage_mean']:.3f} | {s['generated_tokens']:,.0f} | {s['reused_tokens']:,.0f} | "
             f"{s['wall_s']:.0f} |"
         )
-    if differences:
-        tokens = next(d["budget"] for d in differences if d["at_equal"] == "tokens")
-        lines += [
-            "",
-            f"Paired differences against `none` (95% bootstrap CI over RNG seeds and held-out prompts): at equal "
-            f"optimizer steps ({budget.steps}) and at equal generated tokens ({tokens:,.0f}, where the cheapest run "
-            "stops). * = the interval excludes 0.",
-            "",
-            "| method | metric | at equal steps | at equal generated tokens |",
-            "|---|---|---|---|",
-        ]
-        for method in (s["method"] for s in summary if any(d["method"] == s["method"] for d in differences)):
-            for metric in dict.fromkeys(d["metric"] for d in differences):
-                cells = [
-                    _difference_cells(
-                        next(
-                            d for d in differences if (d["method"], d["metric"], d["at_equal"]) == (method, metric, b)
-                        )
-                    )
-                    for b in ("steps", "tokens")
-                ]
-                lines.append(f"| {method} | {metric} | {cells[0]} | {cells[1]} |")
-    if claims:
-        lines += [
-            "",
-            "The paper's other claims, paired directly (same CI; equal tokens at the same budget as above):",
-            "",
-            "| method | against | metric | at equal steps | at equal generated tokens |",
-            "|---|---|---|---|---|",
-        ]
-        pairs = dict.fromkeys((d["method"], d["baseline"], d["metric"]) for d in claims)
-        for method, baseline, metric in pairs:
-            cells = [
-                _difference_cells(
-                    next(
-                        d
-                        for d in claims
-                        if (d["method"], d["baseline"], d["metric"], d["at_equal"]) == (method, baseline, metric, b)
-                    )
-                )
-                for b in ("steps", "tokens")
-            ]
-            lines.append(f"| {method} | {baseline} | {metric} | {cells[0]} | {cells[1]} |")
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
-    lines += [
+    tables = differences_tables(differences)
+    return "\n".join([*lines, "", *tables, *([""] if tables else []), _footer(args, total_s)])
+
+
+def differences_tables(differences: list[dict]) -> list[str]:
+    """The primary and secondary endpoint tables of `assess`ed differences (markdown lines; [] when there are none)."""
+    primary = [d for d in differences if d["role"] == "primary"]
+    if not primary:
+        return []
+    tokens = next((d["budget"] for d in differences if d["endpoint"] == "pass@1 at equal tokens"), math.nan)
+    lines = [
+        f"Primary endpoint, fixed in advance: held-out pass@1 at equal optimizer steps ({primary[0]['budget']}), "
+        "paired per RNG seed (each seed's mean over the held-out prompts), with a 95% paired t interval "
+        f"(df = seeds - 1) and its p-value; * = p < {ALPHA}. The bootstrap interval (RNG seeds and prompts resampled) "
+        "is a sensitivity check: with a few seeds it is too narrow. MDE: the smallest true difference the run would "
+        f"detect with {POWER:.0%} power at two-sided {ALPHA}, (t_(1-a/2) + t_power) x SD / sqrt(seeds) from the "
+        "observed SD of the per-seed differences.",
         "",
-        f"Total time including warm-up and evaluation: {total_s / 60:.1f} min with {args.jobs} runs at a time "
-        f"(load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}).",
+        "| method | against | pass@1 difference | 95% paired t CI | p | bootstrap CI | MDE |",
+        "|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(lines)
+    lines += [f"| {d['method']} | {d['baseline']} | " + " | ".join(difference_cells(d)) + " |" for d in primary]
+    secondary = [d for d in differences if d["role"] == "secondary"]
+    if secondary:
+        lines += [
+            "",
+            "Secondary endpoints, Holm-corrected within each method's comparison (* = Holm p < "
+            f"{ALPHA}); equal generated tokens: each run's per-prompt curve read at {tokens:,.0f} tokens, where the "
+            f"cheapest run stops; '{ZERO_STD_GAP}': within each run, per RNG seed.",
+            "",
+            "| method | against | endpoint | difference | 95% paired t CI | p | Holm p |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {d['method']} | {d['baseline']} | {d['endpoint']} | " + " | ".join(difference_cells(d)) + " |"
+            for d in secondary
+        ]
+    return lines
+
+
+def _footer(args, total_s: float) -> str:
+    import os
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    return (
+        f"Total time including warm-up and evaluation: {total_s / 60:.1f} min with {args.jobs} runs at a time "
+        f"(load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f})."
+    )
 
 
 def plot(curves: list[dict], path, budget: Budget, args) -> None:
@@ -728,6 +880,7 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         (k_kind, f"held-out {k_kind.replace('_at_', '@') if k_kind else ''}"),
         ("coverage", "state coverage of the warm model's states, E_q[min(1, p/q)]"),
         ("zero_std_groups", "share of groups with zero reward variance (no signal)"),
+        ("zero_std_seeded", "the same share among seeded groups only"),
     ]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     methods = list(dict.fromkeys(c["method"] for c in curves))
@@ -744,7 +897,7 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
             mean = np.array([np.mean(values[i]) for i in keep])
             low = np.array([np.min(values[i]) for i in keep])
             high = np.array([np.max(values[i]) for i in keep])
-            dense = kind in ("train_reward", "zero_std_groups")
+            dense = kind in ("train_reward", "zero_std_groups", "zero_std_seeded")
             if dense and len(mean) >= 5:  # single steps are noisy
                 mean = np.convolve(np.pad(mean, 2, mode="edge"), np.ones(5) / 5, mode="valid")
             line = ax.plot(steps, mean, "-" if dense else "-o", label=method, markersize=3)[0]
@@ -754,9 +907,8 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes.flat[-1].axis("off")
     fig.suptitle(
-        f"Embedded task, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
+        f"{_title(args)}, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
         f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
         fontsize=10,
     )

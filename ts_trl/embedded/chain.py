@@ -56,6 +56,8 @@ class ChainTask(EmbeddedTask):
     error_rate: float = 0.15
     repair_rate: float = 0.6
     recheck_rate: float = 0.1
+    # `compare`'s per-run secondary endpoint of this task (a column of its results, from `trace_rates`).
+    endpoints = ("recovery_rate",)
 
     def __post_init__(self):
         super().__post_init__()
