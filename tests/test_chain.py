@@ -198,9 +198,9 @@ def test_relay_prompts_follow_the_task():
     """`relay --prompts embedded --task chain` reads the chain's held-out problems, the default the addition's."""
     from ts_trl.analysis.common import InputError, load_prompts
 
-    chain = load_prompts("embedded", 5, seed=0, task="chain")
+    chain = load_prompts("embedded", 5, task_seed=0, task="chain")
     assert [row["prompt"] for row in chain] == ChainTask(seed=0).make_splits(1, 5)[1]["prompt"]
-    add = load_prompts("embedded", 5, seed=0)
+    add = load_prompts("embedded", 5, task_seed=0)
     assert [row["prompt"] for row in add] == EmbeddedTask(difficulty=2, seed=0).make_splits(1, 5)[1]["prompt"]
     with pytest.raises(InputError, match="--task nope"):
         load_prompts("embedded", 5, task="nope")
