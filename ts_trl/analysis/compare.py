@@ -89,11 +89,12 @@ DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
 # `ts_trl probe-cuts` on the warm model.
 CHAIN_FULL = Budget(60, 192, 256, 16, 8, 72, 8, 30, 700, 5, 64)
 CHAIN_QUICK = Budget(10, 64, 32, 8, 8, 72, 8, 5, 700, 2, 16)
-BUDGETS = {"add": (FULL, QUICK), "chain": (CHAIN_FULL, CHAIN_QUICK)}
+BUDGETS = {"add": (FULL, QUICK), "chain": (CHAIN_FULL, CHAIN_QUICK), "chain-strict": (CHAIN_FULL, CHAIN_QUICK)}
 # Per task: the learning rate and the top of the cut range when not given.
 TASK_DEFAULTS = {
     "add": {"learning_rate": LEARNING_RATE, "cut_ratio_max": 0.9},
     "chain": {"learning_rate": None, "cut_ratio_max": 0.3},
+    "chain-strict": {"learning_rate": None, "cut_ratio_max": None},
 }
 # Read from the samples on the chain task only (ts_trl.embedded.chain.trace_rates).
 TRACE_KEYS = ("error_share", "repair_share", "error_or_repair_share", "recovery_rate")
@@ -300,6 +301,8 @@ def _title(args) -> str:
         return args.title
     if getattr(args, "task", "add") == "chain":
         return "Chain task (4-6 digits, repairable errors)"
+    if getattr(args, "task", "add") == "chain-strict":
+        return "Chain task, scored by the whole chain (4-6 digits, repairable errors)"
     return f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
 
 
@@ -353,7 +356,7 @@ def _run_job(job: dict) -> dict:
     seed = job["seed"]
 
     def evaluate(model, step: int) -> dict:
-        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step, traces=args.task == "chain")
+        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step, task=args.task)
 
     if job["kind"] == "start":
         output = {"kind": "start", "seed": seed, **evaluate(model, 0)}
@@ -369,23 +372,24 @@ def _run_job(job: dict) -> dict:
     return output
 
 
-def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int, traces: bool = False) -> dict:
+def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int, task: str = "add") -> dict:
     """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes.
 
-    With `traces`, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
+    On the chain tasks, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
     P(pass | a wrong line) (`ts_trl.embedded.chain.trace_rates`).
     """
     from ..embedded.chain import read_trace, trace_rates
     from ..embedded.evaluate import pass_at_k, sample_rewards
-    from ..embedded.task import embedded_reward
+    from ..embedded.tasks import CHAIN_TASKS, task_spec
     from .common import prefix_overlap, token_logprobs
 
-    read = []
+    read, traces, task_reward = [], task in CHAIN_TASKS, task_spec(task).reward
 
     def reward(completions, answer, **kwargs):
+        scores = task_reward(completions=completions, answer=answer, **kwargs)
         if traces:
-            read.extend(read_trace(c, a) for c, a in zip(completions, answer))
-        return embedded_reward(completions, answer)
+            read.extend(read_trace(c, a, s) for c, a, s in zip(completions, answer, scores))
+        return scores
 
     rewards = sample_rewards(
         model,
@@ -427,7 +431,7 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
     from transformers.trainer_callback import PrinterCallback
 
     from ..config import SeedGRPOConfig
-    from ..embedded.task import embedded_reward
+    from ..embedded.tasks import task_spec
     from ..trainer import SeedGRPOTrainer
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
@@ -471,7 +475,7 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
     )
     trainer = SeedGRPOTrainer(
         model=model,
-        reward_funcs=embedded_reward,
+        reward_funcs=task_spec(args.task).reward,
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,

@@ -88,16 +88,21 @@ def main(argv: list[str] | None = None) -> dict:
 def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget: int) -> list[dict]:
     """One record per group: kind (plain / seeded), ratio, the seed's own reward, passes and the group size."""
     from ..cutting import choose_cut
-    from ..embedded.task import embedded_reward
+    from ..embedded.tasks import task_spec
     from .common import sample_continuations
 
+    reward = task_spec(args.task).reward
     eos = [tokenizer.eos_token_id]
     prompts = [tokenizer(row["prompt"])["input_ids"] for row in rows]
     g = args.generations
 
     def score(row_indices, token_lists):
         texts = tokenizer.batch_decode(token_lists, skip_special_tokens=True)
-        return embedded_reward(texts, [rows[i]["answer"] for i in row_indices])
+        return reward(
+            completions=texts,
+            answer=[rows[i]["answer"] for i in row_indices],
+            prompts=[rows[i]["prompt"] for i in row_indices],
+        )
 
     # Seeds and plain groups in one sampling pass: per prompt, `seeds` seeds then `g` plain samples.
     owners = [i for i in range(len(rows)) for _ in range(args.seeds + g)]

@@ -96,8 +96,11 @@ class Trace:
     passed: bool
 
 
-def read_trace(completion: str, answer: str) -> Trace:
-    """Reads a completion of either task line by line; lines that are not sums (the answer, noise) are skipped."""
+def read_trace(completion: str, answer: str, reward: float | None = None) -> Trace:
+    """Reads a completion of either task line by line; lines that are not sums (the answer, noise) are skipped.
+
+    It passed when `reward` (the task's score, if given) is 1, else when its first answer is right.
+    """
     has_error = has_repair = False
     for line in completion.strip().splitlines():
         match = LINE_PATTERN.match(line.strip())
@@ -108,6 +111,8 @@ def read_trace(completion: str, answer: str) -> Trace:
             has_repair = True
         elif a + b != c:
             has_error = True
+    if reward is not None:
+        return Trace(has_error, has_repair, reward >= 1.0)
     parsed = parse_answer(completion)
     return Trace(has_error, has_repair, parsed is not None and int(parsed) == int(answer))
 
@@ -125,3 +130,57 @@ def trace_rates(traces: list[Trace]) -> dict[str, float]:
         "error_or_repair_share": sum(t.has_error or t.has_repair for t in traces) / n,
         "recovery_rate": sum(t.passed for t in errors) / len(errors) if errors else float("nan"),
     }
+
+
+def chain_holds(completion: str, operands: tuple[int, ...], answer: str) -> bool:
+    """Whether `completion` is a valid chain for `operands` that ends in the right total.
+
+    Valid: the first line adds two of the operands; every later sum line adds an unused operand to the running total;
+    a "?" line recomputes the line just before it (same terms, right sum) and resets the running total to its value;
+    a wrong sum line must be followed by such a line; then "#### n" with every operand used and n equal to both the
+    running total and `answer`. So an unrepaired wrong line fails even when a later slip brings the final number
+    back, and a repaired one passes.
+    """
+    remaining, total, last, unrepaired = list(operands), None, None, False
+    for line in completion.strip().splitlines():
+        line = line.strip()
+        if line.startswith("####"):
+            parsed = parse_answer(line)
+            ok = parsed is not None and not remaining and not unrepaired
+            return ok and int(parsed) == total == int(answer)
+        match = LINE_PATTERN.match(line)
+        if match is None:
+            return False
+        repair, a, b, c = match.group(1), int(match.group(2)), int(match.group(3)), int(match.group(4))
+        if repair:
+            if last != (a, b) or a + b != c:
+                return False
+            total, unrepaired = c, False
+            continue
+        if unrepaired:
+            return False
+        terms = [a, b] if total is None else [b]
+        if total is not None and a != total:
+            return False
+        for term in terms:
+            if term not in remaining:
+                return False
+            remaining.remove(term)
+        last, total, unrepaired = (a, b), c, a + b != c
+    return False
+
+
+def chain_reward(completions: list, answer: list[str], prompts: list, **kwargs) -> list[float]:
+    """1.0 where the completion is a valid chain ending in the right total (`chain_holds`), else 0.0.
+
+    Unlike the answer-only `embedded_reward`, the lines count: a policy cannot drop the chain and guess the total.
+    """
+    rewards = []
+    for prompt, completion, expected in zip(prompts, completions, answer):
+        if not isinstance(completion, str):  # conversational: the last message is the model's
+            completion = completion[-1]["content"]
+        if not isinstance(prompt, str):
+            prompt = prompt[-1]["content"]
+        operands = Problem.from_prompt(prompt).operands
+        rewards.append(1.0 if chain_holds(completion, operands, expected) else 0.0)
+    return rewards

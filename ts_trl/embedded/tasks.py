@@ -6,10 +6,11 @@ command builds the same problems, the same warm model (hence the same warm-up ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ts_trl.embedded.chain import ChainTask
-from ts_trl.embedded.task import EmbeddedTask
+from ts_trl.embedded.chain import ChainTask, chain_reward
+from ts_trl.embedded.task import EmbeddedTask, embedded_reward
 from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS
 
 DEFAULT_TASK = "add"
@@ -23,8 +24,9 @@ class TaskSpec:
     model_kwargs: dict
     warmup_steps: int
     max_completion_length: int
-    # Training defaults of `ts_trl train --task NAME` on top of the embedded default's (ts_trl.train).
+    # Training defaults of `ts_trl train --task NAME` on top of the embedded default's (ts_trl.script).
     train_defaults: dict = field(default_factory=dict)
+    reward: Callable = embedded_reward
 
 
 TASKS = {
@@ -38,7 +40,22 @@ TASKS = {
         max_completion_length=72,
         train_defaults={"output_dir": "runs/chain", "max_completion_length": 72},
     ),
+    # The same problems, traces and warm model, scored by the whole chain (`chain_reward`): under the answer-only
+    # reward, on-policy RL dropped the chain and guessed totals, so errors and repairs stopped mattering.
+    "chain-strict": TaskSpec(
+        "chain-strict",
+        {**DEFAULT_MODEL_KWARGS, "num_layers": 3},
+        warmup_steps=700,
+        max_completion_length=72,
+        train_defaults={
+            "output_dir": "runs/chain-strict",
+            "max_completion_length": 72,
+            "reward_funcs": ["ts_trl.embedded.chain:chain_reward"],
+        },
+        reward=chain_reward,
+    ),
 }
+CHAIN_TASKS = ("chain", "chain-strict")
 
 
 def task_spec(name: str) -> TaskSpec:
@@ -50,7 +67,7 @@ def task_spec(name: str) -> TaskSpec:
 def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_difficulty: int | None = 1):
     """The task `name`; `difficulty` and `min_difficulty` shape the addition task only (the chain has 4-6 digits)."""
     task_spec(name)
-    if name == "chain":
+    if name in CHAIN_TASKS:
         return ChainTask(seed=seed)
     return EmbeddedTask(difficulty=difficulty, min_difficulty=min_difficulty, seed=seed)
 
