@@ -37,6 +37,36 @@ def test_a_repaired_error_passes_and_an_unrepaired_one_fails():
     assert read_trace(" 1+2=3\nxx\n#### 3\n#### 4", "3") == read_trace(" 1+2=3\n#### 3", "3")
 
 
+def test_the_strict_chain_reward_counts_every_line():
+    """`chain_reward` (task chain-strict): a repaired error passes; an unrepaired one fails even when a second slip
+    brings the total back; a chain must use each operand once, from the running total, and end on it."""
+    from ts_trl.embedded.chain import chain_reward
+
+    prompt, answer = "Q: 3+8+1+6\nA:", "18"
+    cases = {
+        " 3+8=11\n11+1=12\n12+6=18\n#### 18": 1.0,
+        " 3+8=11\n11+1=13\n? 11+1=12\n12+6=18\n#### 18": 1.0,  # repaired
+        " 3+8=11\n? 3+8=11\n11+1=12\n12+6=18\n#### 18": 1.0,  # a recheck of a right line
+        " 3+8=11\n11+1=13\n13+6=19\n#### 19": 0.0,  # unrepaired
+        " 3+8=11\n11+1=13\n13+6=18\n#### 18": 0.0,  # two slips that cancel: the answer reward passes it
+        " 3+8=11\n11+1=13\n? 11+1=14\n14+6=20\n#### 20": 0.0,  # a wrong repair
+        " 3+8=11\n11+1=12\n? 3+8=11\n12+6=18\n#### 18": 0.0,  # a "?" line must recompute the line before it
+        " 3+9=12\n12+6=18\n#### 18": 0.0,  # not the operands
+        " 3+8=11\n11+6=17\n#### 17": 0.0,  # an operand left out
+        " 3+8=11\n12+1=13\n13+6=19\n#### 18": 0.0,  # not from the running total, and the answer is not its end
+        " #### 18": 0.0,
+    }
+    assert chain_reward(list(cases), [answer] * len(cases), [prompt] * len(cases)) == list(cases.values())
+    assert embedded_reward([" 3+8=11\n11+1=13\n13+6=18\n#### 18"], [answer]) == [1.0]
+    # Every warm-up trace the answer reward passes, the chain reward passes too, but for rare cancelling slips.
+    task, rng = ChainTask(), random.Random(0)
+    problems = [task.sample_problem(rng) for _ in range(2000)]
+    traces = [task.sample_solution(p, rng) for p in problems]
+    answers, prompts = [p.answer for p in problems], [p.prompt for p in problems]
+    strict, loose = chain_reward(traces, answers, prompts), embedded_reward(traces, answers)
+    assert all(s <= a for s, a in zip(strict, loose)) and 0 <= sum(loose) - sum(strict) <= 0.01 * len(traces)
+
+
 def test_warm_up_traces_make_errors_and_repair_them_at_the_set_rates():
     task, rng = ChainTask(), random.Random(0)
     traces, lengths = [], []
@@ -204,3 +234,33 @@ def test_relay_prompts_follow_the_task():
     assert [row["prompt"] for row in add] == EmbeddedTask(difficulty=2, seed=0).make_splits(1, 5)[1]["prompt"]
     with pytest.raises(InputError, match="--task nope"):
         load_prompts("embedded", 5, task="nope")
+
+
+@pytest.mark.slow  # two minutes on 2 busy cores
+def test_compare_runs_the_chain_task_with_its_endpoints(tmp_path, monkeypatch):
+    """`compare --task chain-strict` in miniature: the chain's columns are written, the recovery rate is a secondary
+    endpoint, and the warm start is scored with the strict reward (never above the answer reward's pass rate)."""
+    import argparse
+
+    from ts_trl.__main__ import main
+    from ts_trl.analysis import compare
+    from ts_trl.analysis.compare import read_csv
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "compare"
+    argv = ["compare", "--task", "chain-strict", "--quick", "--methods", "seeds-state", "--num-seeds", "2",
+            "--steps", "3", "--n-train", "4", "--n-eval", "4", "--eval-every", "0", "--n-probe", "2",
+            "--warmup-steps", "2", "--prompts-per-step", "2", "--learning-rate", "1e-3", "--cut-ratio-max", "0.3",
+            "--jobs", "1", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    runs = read_csv(out / "compare.csv")
+    assert {"error_share", "repair_share", "error_or_repair_share", "recovery_rate"} <= set(runs[0])
+    assert all(0.0 <= float(r["error_or_repair_share"]) <= 1.0 for r in runs)
+    endpoints = {d["endpoint"] for d in read_csv(out / "differences.csv")}
+    assert "pass@1 at equal steps" in endpoints
+    # The task's own endpoint joins the secondaries (here all NaN: a 2-step warm-up makes no sums to get wrong).
+    assert compare._endpoints(argparse.Namespace(task="chain-strict", difficulty=2, min_difficulty=1)) == (
+        "coverage",
+        "recovery_rate",
+    )
+    assert "Chain task, scored by the whole chain" in (out / "compare.md").read_text()
