@@ -264,3 +264,35 @@ def test_compare_runs_the_chain_task_with_its_endpoints(tmp_path, monkeypatch):
         "recovery_rate",
     )
     assert "Chain task, scored by the whole chain" in (out / "compare.md").read_text()
+
+
+def test_compare_asks_for_what_the_chain_task_has_no_default_for(capsys):
+    from ts_trl.__main__ import main
+
+    assert main(["compare", "--task", "chain", "--output-dir", "unused"]) == 2
+    assert "--learning-rate" in capsys.readouterr().err
+    assert main(["compare", "--task", "chain-strict", "--learning-rate", "1e-4", "--output-dir", "unused"]) == 2
+    assert "--cut-ratio-max" in capsys.readouterr().err
+
+
+def test_task_chain_brings_its_own_defaults(tmp_path, monkeypatch):
+    """`--task chain` changes the embedded default's budget, warm-up and folder; the addition's stay as they were."""
+    from ts_trl.script import make_parser, parse_args
+
+    monkeypatch.chdir(tmp_path)
+    script_args, training_args, _ = parse_args(make_parser(), ["--task", "chain"])
+    assert (script_args.task, script_args.embedded_warmup_steps) == ("chain", 700)
+    assert training_args.max_completion_length == 72 and training_args.output_dir == "runs/chain"
+    script_args, training_args, _ = parse_args(
+        make_parser(), ["--task", "chain-strict", "--max_completion_length", "80"]
+    )
+    assert (
+        script_args.reward_funcs == ["ts_trl.embedded.chain:chain_reward"]
+        and training_args.max_completion_length == 80
+    )
+    script_args, training_args, _ = parse_args(make_parser(), [])
+    assert (script_args.task, script_args.embedded_warmup_steps, training_args.max_completion_length) == (
+        "add",
+        600,
+        32,
+    )

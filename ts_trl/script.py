@@ -97,8 +97,9 @@ class SeedScriptArguments(ScriptArguments):
         > Parameters of the embedded default (used when no dataset is given)
 
         task (`str`, *optional*, defaults to `"add"`):
-            The built-in task: `add` (add 2-3 numbers) or `chain` (4-6 digits whose wrong partial sums can be
-            repaired, with a 3-layer model and a 72-token budget; `embedded_difficulty` does not apply).
+            The built-in task: `add` (add 2-3 numbers), `chain` (4-6 digits whose wrong partial sums can be
+            repaired, with a 3-layer model and a 72-token budget; `embedded_difficulty` does not apply) or
+            `chain-strict` (the same, scored by the whole chain). See docs/chain-task.md.
         embedded_difficulty (`int`, *optional*, defaults to `2`):
             Most additions per problem of the built-in task: 3 numbers, the hard, sparse-reward slice (warm pass@1
             about 0.16 at temperature 1, against 0.45 for 2 numbers).
@@ -113,9 +114,9 @@ class SeedScriptArguments(ScriptArguments):
             Sampled completions per held-out problem for pass@1.
         embedded_eval_every (`int`, *optional*, defaults to `20`):
             Held-out pass@1 every this many steps for the learning curve (`learning_curve.png`; 0: start and end).
-        embedded_warmup_steps (`int`, *optional*):
-            Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given); default:
-            the task's (600 for `add`, 700 for `chain`).
+        embedded_warmup_steps (`int`, *optional*, defaults to `600`):
+            Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given); 700 by
+            default with `--task chain` or `chain-strict`.
     """
 
     dataset_path: str | None = field(
@@ -133,7 +134,10 @@ class SeedScriptArguments(ScriptArguments):
         default=None,
         metadata={"help": "Reward names (math, format, code, binary_code, embedded) or dotted paths (pkg.mod:func)."},
     )
-    task: str = field(default="add", metadata={"help": "Built-in task: add or chain.", "choices": ["add", "chain"]})
+    task: str = field(
+        default="add",
+        metadata={"help": "Built-in task: add, chain or chain-strict.", "choices": ["add", "chain", "chain-strict"]},
+    )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
     embedded_train_problems: int = field(default=1024, metadata={"help": "Built-in task: training problems."})
@@ -144,8 +148,8 @@ class SeedScriptArguments(ScriptArguments):
     embedded_eval_every: int = field(
         default=20, metadata={"help": "Built-in task: held-out pass@1 every N steps for the learning curve."}
     )
-    embedded_warmup_steps: int | None = field(
-        default=None, metadata={"help": "Supervised warm-up steps of the tiny model (cached; default: the task's)."}
+    embedded_warmup_steps: int = field(
+        default=600, metadata={"help": "Supervised warm-up steps of the tiny model (cached; 700 with --task chain)."}
     )
 
 

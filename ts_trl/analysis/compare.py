@@ -144,7 +144,10 @@ def budget_from(args) -> Budget:
     for name, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             if value is None:
-                raise InputError(f"--task {args.task} has no default --{name.replace('_', '-')} yet; give one.")
+                raise InputError(
+                    f"--task {args.task} has no default --{name.replace('_', '-')} (none passed calibration: "
+                    "docs/results-chain.md); give one."
+                )
             setattr(args, name, value)
     names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")
     for name in (*names, "num_seeds", "n_probe"):

@@ -38,7 +38,7 @@ TASKS = {
         {**DEFAULT_MODEL_KWARGS, "num_layers": 3},
         warmup_steps=700,
         max_completion_length=72,
-        train_defaults={"output_dir": "runs/chain", "max_completion_length": 72},
+        train_defaults={"output_dir": "runs/chain", "max_completion_length": 72, "embedded_warmup_steps": 700},
     ),
     # The same problems, traces and warm model, scored by the whole chain (`chain_reward`): under the answer-only
     # reward, on-policy RL dropped the chain and guessed totals, so errors and repairs stopped mattering.
@@ -50,6 +50,7 @@ TASKS = {
         train_defaults={
             "output_dir": "runs/chain-strict",
             "max_completion_length": 72,
+            "embedded_warmup_steps": 700,
             "reward_funcs": ["ts_trl.embedded.chain:chain_reward"],
         },
         reward=chain_reward,
