@@ -75,7 +75,7 @@ def run(quick: bool) -> dict:
     out["code"] = _throughput(code_reward, batches) | {
         "batch": batch,
         "isolation": isolation.layers,
-        "target": "issue 12/16: >= 15 samples/s on 2 cores",
+        "target": ">= 15 samples/s on 2 cores",
         "note": "one sandbox per sample (one interpreter start; judge and worker are its forks); CPU time is this "
         "process only (children not counted)",
     }

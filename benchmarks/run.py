@@ -34,7 +34,7 @@ import reward_throughput  # noqa: E402
 import step_time  # noqa: E402
 
 CI_MARGIN = 1.2  # CI fails only when a target is missed by more than 20% (noise on a shared machine)
-# Step-time targets vs GRPOTrainer (issue 11): a mixed batch no slower, a fully seeded one 10% faster. The value is the
+# Step-time targets vs GRPOTrainer: a mixed batch no slower, a fully seeded one 10% faster. The value is the
 # median of per-round wall-time ratios of interleaved steps, so slow load drift cancels. CI judges the lower of that and
 # the same median of CPU-time ratios: bursts of load from other processes (seen: 1.15x wall, 0.92x CPU at load 2.7 in
 # the quick run) inflate wall time only, while more work per step raises both.

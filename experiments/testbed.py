@@ -1,4 +1,4 @@
-"""Testbed search for issue 14: on-policy GRPO (seed_method="none") on an embedded-task variant, held-out pass@1 curve.
+"""Testbed search for the embedded task: on-policy GRPO (seed_method="none") on an embedded-task variant, held-out pass@1 curve.
 
 Chooses the embedded default by the on-policy target alone (no seeded method is run here). One torch thread per run.
 Usage: python experiments/testbed.py --lr 3e-4 --steps 200 --n-train 512 --min-difficulty 1 --difficulty 3 --seed 0

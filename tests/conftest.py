@@ -46,13 +46,39 @@ def count_reward(completions, **kwargs):
     return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
 
 
-def seed_rows(output_dir) -> list[dict]:
-    """Every row of a run's seed dataset, read back from its shards."""
+def seed_manifest(output_dir) -> dict:
+    """A run's seed manifest (`seeds/manifest.json`), as written."""
+    return json.loads((Path(output_dir) / "seeds" / "manifest.json").read_text())
+
+
+def seed_rows(output_dir, by_id: bool = False):
+    """Every row of a run's seed dataset, read from the shards its manifest lists, in order, each with `shard_step`
+    (the step of the shard that holds it); with `by_id`, a dict by rollout id, which must then be unique.
+
+    The one reader of seed rows in the tests; it checks that each shard holds the rows its manifest entry counts.
+    """
     import pyarrow.parquet as pq
 
     seeds = Path(output_dir) / "seeds"
-    manifest = json.loads((seeds / "manifest.json").read_text())
-    return [row for shard in manifest["shards"] for row in pq.read_table(seeds / shard["file"]).to_pylist()]
+    rows = []
+    for shard in seed_manifest(output_dir)["shards"]:
+        table = pq.read_table(seeds / shard["file"])
+        assert table.num_rows == shard["rows"], shard
+        rows += [{**row, "shard_step": shard["step"]} for row in table.to_pylist()]
+    if not by_id:
+        return rows
+    unique = {row["rollout_id"]: row for row in rows}
+    assert len(unique) == len(rows), "a rollout id occurs twice"
+    return unique
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous or a local server)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def logged(trainer, key) -> list:
@@ -146,7 +172,7 @@ def seeded_action_batch(make_trainer, state_value: float, baseline: float = 0.5,
     holder = {}
 
     def reward(completions, **kwargs):
-        plan = holder["trainer"]._plan
+        plan = holder["trainer"]._seed_batch.plan
         return [state_value + (0.1 if i % 2 else -0.1) if c is not None else 0.0 for i, c in enumerate(plan.cuts)]
 
     trainer = holder["trainer"] = make_trainer(

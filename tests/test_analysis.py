@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tests.conftest as c
-from tests.conftest import TINY_SETTINGS
+from tests.conftest import TINY_SETTINGS, seed_rows
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.__main__ import main
 from ts_trl.embedded.task import EmbeddedTask, Problem
@@ -75,10 +75,7 @@ def chat_run(tmp_path_factory):
 
 
 def _rows(run, step: int | None = None) -> list[dict]:
-    rows = []
-    for shard in sorted((run / "seeds").glob("step-*.parquet")):
-        rows += [r for r in pq.read_table(shard).to_pylist() if step is None or r["step"] == step]
-    return rows
+    return [r for r in seed_rows(run) if step is None or r["step"] == step]
 
 
 def _subset(run, folder, keep) -> None:

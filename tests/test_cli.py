@@ -16,13 +16,13 @@ import threading
 from pathlib import Path
 
 import datasets
-import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 
+from tests.conftest import seed_manifest, seed_rows
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.data import load_training_data
@@ -94,9 +94,7 @@ def _data_args(tiny_dir, output_dir):
 
 
 def _seed_rows(output_dir):
-    seeds = Path(output_dir) / "seeds"
-    manifest = json.loads((seeds / "manifest.json").read_text())
-    return manifest, [row for s in manifest["shards"] for row in pq.read_table(seeds / s["file"]).to_pylist()]
+    return seed_manifest(output_dir), seed_rows(output_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -14,21 +13,10 @@ import pytest
 import torch
 
 import tests.conftest as c
-from tests.conftest import TINY_SETTINGS
+from tests.conftest import TINY_SETTINGS, seed_rows
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 
 G = 4  # num_generations of every run below
-
-
-def _shard_rows(output_dir) -> dict[str, dict]:
-    seeds = Path(output_dir) / "seeds"
-    manifest = json.loads((seeds / "manifest.json").read_text())
-    rows = {}
-    for shard in manifest["shards"]:
-        for row in pq.read_table(seeds / shard["file"]).to_pylist():
-            assert row["rollout_id"] not in rows
-            rows[row["rollout_id"]] = row
-    return rows
 
 
 def _config(output_dir, **overrides):
@@ -45,8 +33,9 @@ def _config(output_dir, **overrides):
 class _Recorder(SeedGRPOTrainer):
     """Keeps, per generation, the plan, the training batch, and the policy's log-probs of every row at that time."""
 
-    def _record_rollouts(self, inputs, output, plan):
-        super()._record_rollouts(inputs, output, plan)
+    def _record_rollouts(self, inputs, output, batch):
+        super()._record_rollouts(inputs, output, batch)
+        plan = batch.plan
         prompt_ids = [self._tokenizer(x["prompt"])["input_ids"] for x in inputs]
         logps = []
         with torch.no_grad():  # an independent plain forward pass, one row at a time (no padding)
@@ -111,7 +100,7 @@ def replay_run(tmp_path_factory):
         "trainer": trainer,
         "records": trainer.records,
         "loss_records": trainer.loss_records,
-        "rows": _shard_rows(output_dir),
+        "rows": seed_rows(output_dir, by_id=True),
         "generate_rows": generate_rows,
         "rewards": rewards,
     }
@@ -229,7 +218,7 @@ def test_passrate_selection_steers_groups_toward_half(tmp_path, tokenizer):
         processing_class=tokenizer,
     )
     trainer.train()
-    rows = _shard_rows(args.output_dir)
+    rows = seed_rows(args.output_dir, by_id=True)
     from ts_trl.data import prompt_id_of
 
     hard = {prompt_id_of(p) for p in prompts[0::2]}

@@ -11,7 +11,7 @@ from ts_trl import SeedGRPOConfig
 )
 def test_seeding_errors_come_before_trl_errors(tmp_path, field, value):
     # log_completions_hub_repo without log_completions is one of GRPOConfig's own errors; bf16 without a GPU (the
-    # default on a CPU machine) is transformers'. Either used to be reported instead of the seeding field.
+    # default on a CPU machine) is transformers'. Neither may hide the seeding field's own error.
     for trl_mistake in ({"log_completions_hub_repo": "org/completions"}, {"bf16": True}):
         with pytest.raises(ValueError, match=field):
             SeedGRPOConfig(output_dir=str(tmp_path), **trl_mistake, **{field: value})

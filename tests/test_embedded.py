@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+from tests.conftest import free_port
 from ts_trl.embedded import EmbeddedTask, Problem, embedded_reward, pass_at_1, pass_at_k, sample_rewards, warm_up
 from ts_trl.embedded import warmup as warmup_module
 from ts_trl.tiny import build_tiny_model
@@ -198,11 +199,7 @@ def test_every_rank_of_a_distributed_run_caches_the_weights(tmp_path):
     # Each rank of a multi-process run warms up and may win the rename into the shared cache. `save_pretrained` skips
     # the weights on ranks > 0 once torch.distributed is up, which left a cache without weights, and every later
     # run stopped on "No such file or directory: .../model.safetensors".
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     torch.multiprocessing.spawn(_warm_up_as_rank, args=(str(tmp_path), address), nprocs=2)
     for rank in ("0", "1"):
         (cache,) = (tmp_path / rank).iterdir()

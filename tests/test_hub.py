@@ -314,9 +314,9 @@ def test_training_pushes_seeds_and_a_new_run_seeds_from_the_hub(hub, make_traine
     second = make_trainer(output_dir=str(tmp_path / "second"), seed_dataset=REPO_ID, max_steps=1, save_steps=10)
     assert len(second.seed_bank) == len(local)
     second.train()
-    from tests.test_trainer import _rows
+    from tests.conftest import seed_rows
 
-    origins = {r["seed_origin"] for r in _rows(tmp_path / "second")} - {None}
+    origins = {r["seed_origin"] for r in seed_rows(tmp_path / "second")} - {None}
     assert origins and origins <= {r["rollout_id"] for r in local}  # seeded from the first run's Hub seeds
 
 

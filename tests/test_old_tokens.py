@@ -92,7 +92,7 @@ def test_action_mode_runs_no_extra_forward_pass(make_trainer, tmp_path):
 
 def test_two_ranks_with_one_seeded_match_one_rank(tmp_path):
     """Action and replay modes, one prompt group per rank and seeds for one prompt only: every step runs the same
-    collectives on both ranks (gloo reported a collective mismatch before), and the losses equal one rank's."""
+    collectives on both ranks (else gloo reports a collective mismatch), and the losses equal one rank's."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     launch += [str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no"]
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

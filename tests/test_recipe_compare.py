@@ -126,3 +126,9 @@ def test_compare_config_refuses_bad_input_in_one_line(recipe, tmp_path, capsys):
     assert "give --eval_dataset" in capsys.readouterr().err
     assert main(["compare", "--config", "embedded", "--output-dir", str(tmp_path / "o")]) == 2
     assert "without --config" in capsys.readouterr().err
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(recipe.read_text().replace("my_rewards.digit_parity", "no_such_reward"))
+    argv = ["compare", "--config", str(unknown), "--eval_dataset", str(tmp_path / "test.jsonl")]
+    assert main([*argv, "--output-dir", str(tmp_path / "o")]) == 2
+    assert "Unknown reward 'no_such_reward'" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "settings.json").exists()  # a corrected rerun into the same folder is not refused

@@ -134,7 +134,8 @@ def _code_rows(tmp_path, rows):
 
 def test_code_schemas(tmp_path):
     mbpp = _code_rows(tmp_path, [{"text": "Add.", "test_list": ["assert add(1, 2) == 3"], "test_setup_code": ""}])
-    assert mbpp[0]["prompt"] == "Add." and mbpp[0]["tests"] == "assert add(1, 2) == 3"
+    assert mbpp[0]["prompt"] == "Add.\nYour code should pass this test:\nassert add(1, 2) == 3"  # names the function
+    assert mbpp[0]["tests"] == "assert add(1, 2) == 3"
     human_eval = _code_rows(
         tmp_path, [{"prompt": "def add(a, b):\n", "test": "def check(c): ...", "entry_point": "add"}]
     )

@@ -9,15 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from accelerate import Accelerator
 
-from tests.conftest import tiny_prompts
+from tests.conftest import seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.snapshots import PendingRollout, SeedStore
-
-
-def _shard_rows(output_dir) -> dict[str, dict]:
-    seeds = Path(output_dir) / "seeds"
-    return {r["rollout_id"]: r for f in sorted(seeds.glob("step-*.parquet")) for r in pq.read_table(f).to_pylist()}
 
 
 def _seeded_share(trainer) -> float:
@@ -124,7 +119,7 @@ def test_success_is_the_named_reward_above_its_threshold(make_trainer, selection
         reward=[correct, format_bonus], seed_selection=selection, dataset=tiny_prompts(2), max_steps=4, save_steps=1
     )
     trainer.train()
-    rows = _shard_rows(trainer.args.output_dir)
+    rows = seed_rows(trainer.args.output_dir, by_id=True)
     seeded = [r for r in rows.values() if r["seed_origin"] is not None]
     assert seeded, f"seed_selection={selection!r} found no seed"
     for row in seeded:
@@ -147,11 +142,11 @@ def test_unsnapshotted_rollouts_are_kept_compact(tmp_path):
         ids = rng.integers(0, 30000, size=tokens).tolist()  # as the backends hand them over: Python ints
         pending = PendingRollout(Rollout(f"id-{i}", "p", "q", "", ids, (), 1.0, 0), np.zeros(0, np.float32))
         pending.logprobs = rng.normal(size=tokens).astype(np.float32)
-        store.add_pending(pending)
+        store.queue([pending])
         del ids, pending
     store.flush()
     buffered = sum(table.nbytes for table in store.unsnapshotted)  # Arrow buffers: ids, log-probs, offsets, text
-    # int32 id + float32 log-prob is 8 bytes a token; the Python lists held before cost ~36 (a pointer and an int).
+    # int32 id + float32 log-prob is 8 bytes a token; Python lists would cost ~36 (a pointer and an int).
     assert buffered / (tokens * rows) < 8.5, f"{buffered / (tokens * rows):.1f} bytes per token held until the shard"
     path = store.write_snapshot(1)
     table = pq.read_table(path)

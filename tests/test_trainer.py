@@ -1,4 +1,4 @@
-"""DESIGN.md's invariants, each checked through `trainer.train()` on the tiny model."""
+"""The invariants of docs/design.md, each checked through `trainer.train()` on the tiny model."""
 
 import json
 import shutil
@@ -10,23 +10,10 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.conftest import tiny_prompts
+from tests.conftest import seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.snapshots import PendingRollout, rollouts_to_table, tokenizer_fingerprint, write_shard
-
-
-def _rows(output_dir) -> list[dict]:
-    seeds = Path(output_dir) / "seeds"
-    manifest = json.loads((seeds / "manifest.json").read_text())
-    rows = []
-    for shard in manifest["shards"]:
-        table = pq.read_table(seeds / shard["file"])
-        assert table.num_rows == shard["rows"]
-        for row in table.to_pylist():
-            row["shard_step"] = shard["step"]
-            rows.append(row)
-    return rows
 
 
 def _losses(trainer):
@@ -79,7 +66,7 @@ def seeded_run(tmp_path_factory):
         model=model, reward_funcs=spy_reward, args=args, train_dataset=c.tiny_prompts(4), processing_class=tokenizer
     )
     trainer.train()
-    return {"trainer": trainer, "rows": _rows(output_dir), "seen": seen, "generate_inputs": generate_inputs}
+    return {"trainer": trainer, "rows": seed_rows(output_dir), "seen": seen, "generate_inputs": generate_inputs}
 
 
 def test_seeded_run_seeds_some_groups(seeded_run):
@@ -99,7 +86,7 @@ def test_seeded_run_seeds_some_groups(seeded_run):
         assert any(metric in h for h in history), metric
 
 
-def test_invariant_1_seeds_come_from_earlier_checkpoints(seeded_run):
+def test_seeds_come_from_earlier_checkpoints(seeded_run):
     rows = {r["rollout_id"]: r for r in seeded_run["rows"]}
     for row in rows.values():
         if row["seed_origin"] is None:
@@ -109,7 +96,7 @@ def test_invariant_1_seeds_come_from_earlier_checkpoints(seeded_run):
         assert origin["shard_step"] <= row["step"]  # already in a snapshot written before this generation
 
 
-def test_invariant_2_one_cut_per_group(seeded_run):
+def test_one_cut_per_group(seeded_run):
     groups = {}
     for row in seeded_run["rows"]:
         run, step, generation, index = row["rollout_id"].rsplit("-", 3)
@@ -119,7 +106,7 @@ def test_invariant_2_one_cut_per_group(seeded_run):
         assert len({(r["seed_origin"], r["prefix_len"], r["prompt_id"]) for r in group}) == 1
 
 
-def test_invariant_3_cut_is_a_length_ratio_without_eos(seeded_run):
+def test_cut_is_a_length_ratio_without_eos(seeded_run):
     rows = {r["rollout_id"]: r for r in seeded_run["rows"]}
     eos = seeded_run["trainer"].processing_class.eos_token_id
     for row in rows.values():
@@ -133,14 +120,14 @@ def test_invariant_3_cut_is_a_length_ratio_without_eos(seeded_run):
         assert k <= int(0.9 * len(origin_ids)) or k == 1  # r <= cut_ratio_max (k = 1 is the lower clip)
 
 
-def test_invariant_4_budget_and_separate_token_counts(seeded_run):
+def test_budget_and_separate_token_counts(seeded_run):
     assert all(len(r["completion_ids"]) <= 12 for r in seeded_run["rows"])
     history = [h for h in seeded_run["trainer"].state.log_history if "seeds/prefix_tokens" in h]
     assert any(h["seeds/prefix_tokens"] > 0 for h in history)
     assert all(h["seeds/generated_tokens"] > 0 for h in history)
 
 
-def test_invariant_6_rewards_see_the_whole_response(seeded_run):
+def test_rewards_see_the_whole_response(seeded_run):
     tokenizer = seeded_run["trainer"].processing_class
     seen = set(seeded_run["seen"])
     for row in seeded_run["rows"]:
@@ -149,7 +136,7 @@ def test_invariant_6_rewards_see_the_whole_response(seeded_run):
         assert whole in seen  # the reward function was called with prefix + continuation
 
 
-def test_invariant_7_generation_receives_the_spliced_ids(seeded_run):
+def test_generation_receives_the_spliced_ids(seeded_run):
     tokenizer = seeded_run["trainer"].processing_class
     inputs = [tuple(ids) for ids in seeded_run["generate_inputs"]]
     for row in seeded_run["rows"]:
@@ -218,7 +205,7 @@ class _PerturbedLogps(SeedGRPOTrainer):
 
 
 @pytest.mark.parametrize("mode", ["state", "action"])
-def test_invariant_5_prefix_gradient(make_trainer, mode):
+def test_prefix_gradient(make_trainer, mode):
     """In "state" mode no gradient reaches prefix positions; in "action" mode it does (the state advantage)."""
     trainer = make_trainer(trainer_cls=_PerturbedLogps, prefix_mode=mode, max_steps=4, save_steps=1)
     trainer.train()  # fills the bank and snapshots, so the next batch is seeded
@@ -253,7 +240,7 @@ def test_invariant_5_prefix_gradient(make_trainer, mode):
 
 
 @pytest.mark.parametrize("bank_files", [True, False], ids=["mapped", "parquet-only"])
-def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path, bank_files):
+def test_resume_restores_the_bank(make_trainer, tmp_path, bank_files):
     banks = {}
 
     def record_banks(trainer):
@@ -270,7 +257,7 @@ def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path, bank_files
     first = record_banks(make_trainer(max_steps=6, save_steps=2))
     first.train()
     output_dir = Path(first.args.output_dir)
-    shard_ids_before = {r["rollout_id"] for r in _rows(output_dir) if r["shard_step"] <= 4}
+    shard_ids_before = {r["rollout_id"] for r in seed_rows(output_dir) if r["shard_step"] <= 4}
 
     assert sorted(p.name for p in (output_dir / "seeds" / "bank").iterdir()) == [
         f"step-{s:06d}.arrow" for s in (2, 4, 6)
@@ -288,13 +275,13 @@ def test_invariant_8_resume_restores_the_bank(make_trainer, tmp_path, bank_files
     resumed.seed_store.start = start
     resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-4"))
     assert seen_at_start == banks[4]  # exactly the bank checkpoint-4 saw, in the same order
-    rows = _rows(output_dir)
+    rows = seed_rows(output_dir)
     assert {r["rollout_id"] for r in rows if r["shard_step"] <= 4} == shard_ids_before
     assert len({r["rollout_id"] for r in rows}) == len(rows)  # nothing duplicated
     assert list((output_dir / "seeds" / "superseded").glob("*/step-000006.parquet"))  # the old branch is kept
 
 
-def test_invariant_8_crash_mid_write_leaves_previous_snapshot(make_trainer, monkeypatch):
+def test_crash_mid_write_leaves_previous_snapshot(make_trainer, monkeypatch):
     trainer = make_trainer(max_steps=4, save_steps=2)
     trainer.train()
     seeds = Path(trainer.args.output_dir) / "seeds"
@@ -334,7 +321,7 @@ def test_seeding_from_another_runs_seed_dataset(make_trainer, tokenizer, tmp_pat
 
     trainer = make_trainer(seed_dataset=str(tmp_path / "ext"), max_steps=2, save_steps=10, dataset=tiny_prompts(4))
     trainer.train()
-    rows = _rows(trainer.args.output_dir)
+    rows = seed_rows(trainer.args.output_dir)
     from_external = [r for r in rows if (r["seed_origin"] or "").startswith("ext-")]
     assert from_external and any(r["step"] == 0 for r in from_external)  # eligible from the very first step
     for row in from_external:
@@ -343,7 +330,7 @@ def test_seeding_from_another_runs_seed_dataset(make_trainer, tokenizer, tmp_pat
         assert eos not in origin.completion_ids[: row["prefix_len"]]
 
 
-def test_invariant_9_bad_input_fails_at_construction(make_trainer, tokenizer, tmp_path):
+def test_bad_input_fails_at_construction(make_trainer, tokenizer, tmp_path):
     from datasets import Dataset
 
     with pytest.raises(ValueError, match="cut_ratio_min"):
@@ -414,7 +401,7 @@ def test_mixed_batches_decode_like_grpo_and_rows_stop_at_their_budget(make_train
 
     trainer.model.generate = spy
     trainer.train()
-    rows = _rows(trainer.args.output_dir)
+    rows = seed_rows(trainer.args.output_dir)
     mixed = {r["step"] for r in rows if r["prefix_len"]} & {r["step"] for r in rows if not r["prefix_len"]}
     assert mixed, "no batch mixed seeded and plain groups"
     for mask, _, _ in calls:

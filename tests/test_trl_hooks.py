@@ -1,11 +1,14 @@
-"""Fails loudly when a GRPOTrainer hook that SeedGRPOTrainer overrides disappears or changes its signature."""
+"""Fails loudly when a GRPOTrainer hook that SeedGRPOTrainer overrides, or any other TRL / transformers internal it
+reads, writes or patches (`ts_trl.trl_internals`), disappears, changes its signature or stops working as relied on."""
 
 import inspect
 
 import pytest
 from trl import GRPOTrainer
 
-from ts_trl.trainer import TRL_HOOKS
+from ts_trl.backends import SeededBackend
+from ts_trl.seed_metrics import LENGTH_METRICS
+from ts_trl.trl_internals import TRL_HOOKS, TRL_INTERNALS
 
 # The parameters each hook had in the TRL release this package was written against (see pyproject's trl range).
 EXPECTED = {
@@ -33,6 +36,7 @@ EXPECTED = {
     "_tokenize_prompts": ["self", "prompts"],
     "create_model_card": ["self", "model_name", "dataset_name", "tags"],
     "_save_checkpoint": ["self", "model", "trial"],  # transformers' Trainer: where every save strategy saves
+    "_push_from_checkpoint": ["self", "checkpoint_folder"],  # transformers' Trainer: the push at each save
 }
 
 
@@ -59,11 +63,6 @@ def test_generate_returns_the_eight_fields_the_trainer_unpacks():
 
 def test_generate_single_turn_returns_ids_and_logprobs():
     assert "return completion_ids, logprobs" in inspect.getsource(GRPOTrainer._generate_single_turn)
-
-
-def test_tool_mask_still_masks_the_loss():
-    """The prefix mask rides in TRL's tool_mask slot: check that the loss still multiplies it in."""
-    assert 'completion_mask * inputs["tool_mask"]' in inspect.getsource(GRPOTrainer._compute_loss)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +123,102 @@ def test_generate_returns_eight_fields_and_logs_the_length_metrics(plain_trainer
     assert tool_mask is None and logprobs is None and extra_fields == {}
     lengths = [len(ids) for ids in completion_ids]
     metrics = t._metrics["train"]
-    for key in ("completions/mean_length", "completions/min_length", "completions/max_length"):
-        assert len(metrics[key]) == 1, key
     assert metrics["completions/mean_length"][-1] == pytest.approx(sum(lengths) / 4)
-    assert len(metrics["completions/clipped_ratio"]) == 1
-    assert len(metrics["completions/mean_terminated_length"]) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One check per entry of TRL_INTERNALS: each fails when that internal moves.
+
+PROMPTS = ["Q: 1+2="] * 4
+
+
+def _tool_mask(t):
+    """The prefix mask rides in TRL's tool_mask slot: the loss still multiplies it in."""
+    assert 'completion_mask * inputs["tool_mask"]' in inspect.getsource(GRPOTrainer._compute_loss)
+
+
+def _length_metrics(t):
+    """`_generate` appends exactly one value to each length metric the trainer overwrites in place."""
+    t.model.train()
+    for values in t._metrics["train"].values():
+        values.clear()
+    t._generate(PROMPTS)
+    assert {key: len(t._metrics["train"][key]) for key in LENGTH_METRICS} == dict.fromkeys(LENGTH_METRICS, 1)
+
+
+def _mask_truncated_completions(t):
+    """TRL reads the attribute (set from the config) when it scores the batch, so turning it off for a batch works."""
+    assert t.mask_truncated_completions is t.args.mask_truncated_completions
+    assert "self.mask_truncated_completions" in inspect.getsource(GRPOTrainer._generate_and_score_completions)
+
+
+def _max_new_tokens(t):
+    """Lowering `max_new_tokens` for a call bounds what HF generate returns, and the call leaves it as it was."""
+    t.model.train()
+    prompt_ids = [[int(i) for i in ids] for ids in t._tokenize_prompts(PROMPTS)[0]]
+    with SeededBackend(t).patched(None, [0] * 4, budget=2):
+        completions, _ = t._generate_single_turn(prompt_ids, None, {}, 4)
+    assert all(len(ids) <= 2 for ids in completions) and max(map(len, completions)) == 2
+    assert t.generation_config.max_new_tokens == t.generation_kwargs["max_new_tokens"] == t.max_completion_length
+
+
+def _model_generate(t):
+    """HF generate runs `generate` of `accelerator.unwrap_model(model_wrapped)`: the forcing wrapper is called."""
+    t.model.train()
+    prompt_ids = [[int(i) for i in ids] for ids in t._tokenize_prompts(PROMPTS)[0]]
+    forced = [[7, 8], [8], [], [7]]
+    with SeededBackend(t).patched(None, [0] * 4, t.max_completion_length, forced):
+        completions, _ = t._generate_single_turn(prompt_ids, None, {}, 4)
+    assert [ids[: len(f)] for ids, f in zip(completions, forced)] == forced
+    assert "generate" not in vars(t.accelerator.unwrap_model(t.model_wrapped))
+
+
+def _vllm_backend(t):
+    """The two engine calls the budgets wrap, with the arguments the wrappers take, and where max_model_len is read."""
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration)
+    assert "self.llm = LLM(" in source and "self.llm.generate(vllm_prompts, sampling_params=" in source
+    assert "self.vllm_client.generate(" in source and "prompts=" in source
+    params = list(inspect.signature(VLLMClient.generate).parameters)
+    assert params[:4] == ["self", "prompts", "features", "n"] and "max_tokens" in params
+    assert 'response.json()["vllm_config"]' in inspect.getsource(VLLMClient.get_server_info)
+
+
+def _hf_api(t):
+    """The Trainer uploads through `transformers.trainer.hf_api()`, looked up at call time in that module."""
+    import transformers.trainer as hf_trainer
+
+    assert callable(hf_trainer.hf_api)
+    for method in (hf_trainer.Trainer.push_to_hub, hf_trainer.Trainer._push_from_checkpoint):
+        assert "hf_api().upload_folder(" in inspect.getsource(method), method.__name__
+
+
+def _push_from_checkpoint(t):
+    """Each save with push_to_hub pushes through `_push_from_checkpoint(checkpoint_folder)`."""
+    from transformers import Trainer
+
+    assert list(inspect.signature(Trainer._push_from_checkpoint).parameters) == ["self", "checkpoint_folder"]
+    assert "self._push_from_checkpoint(" in inspect.getsource(Trainer._save_checkpoint)
+
+
+CHECKS = {
+    "tool_mask": _tool_mask,
+    "length_metrics": _length_metrics,
+    "mask_truncated_completions": _mask_truncated_completions,
+    "max_new_tokens": _max_new_tokens,
+    "model_generate": _model_generate,
+    "vllm_backend": _vllm_backend,
+    "hf_api": _hf_api,
+    "push_from_checkpoint": _push_from_checkpoint,
+}
+
+
+def test_every_registered_internal_has_a_check():
+    assert set(CHECKS) == set(TRL_INTERNALS)
+
+
+@pytest.mark.parametrize("internal", sorted(CHECKS))
+def test_internal_still_works_as_relied_on(internal, plain_trainer):
+    CHECKS[internal](plain_trainer)

@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import TINY_SETTINGS
+from tests.conftest import TINY_SETTINGS, seed_rows
 from tests.vllm_server import FakeLLM, FakeWeightReceiver, LocalVLLMServer, pretend_vllm_is_installed, rule_logprob
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,16 +57,6 @@ def fake_llm(monkeypatch):
     FakeLLM.instances.clear()
 
 
-def _banked_rows(output_dir) -> list[dict]:
-    seeds = os.path.join(output_dir, "seeds")
-    return [
-        row
-        for name in sorted(os.listdir(seeds))
-        if name.endswith(".parquet")
-        for row in pq.read_table(os.path.join(seeds, name)).to_pylist()
-    ]
-
-
 def _check_rollouts(tokenizer, output_dir, requests, answers, settings) -> list[dict]:
     """Checks every banked rollout against the engine requests: its spliced prompt was sent with the budget its
     prefix leaves, its continuation is what the engine answered, and each log-prob sits on the token it belongs to.
@@ -75,7 +64,7 @@ def _check_rollouts(tokenizer, output_dir, requests, answers, settings) -> list[
     `requests` maps a prompt (tuple of ids) to the set of `max_tokens` it was sent with, `answers` to the
     completions the engine returned for it.
     """
-    rows = _banked_rows(output_dir)
+    rows = seed_rows(output_dir)
     by_id = {row["rollout_id"]: row for row in rows}
     seeded = 0
     for row in rows:

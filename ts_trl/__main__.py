@@ -10,7 +10,7 @@ import argparse
 import sys
 from importlib import import_module
 
-# Analysis commands: the module whose `cli(argv)` runs it, and its one-line help.
+# Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
 ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
     "positions": ("ts_trl.analysis.positions", "per-position divergence of a checkpoint from a seed dataset"),
@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         from .script import run
 
         return run(argv[1:], commands["train"], prog="ts_trl train")
-    return import_module(ANALYSES[argv[0]][0]).cli(argv[1:])
+    from .analysis.common import run_command
+
+    return run_command(import_module(ANALYSES[argv[0]][0]).main, argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,25 +1,32 @@
-"""Per-request generation budgets for TRL's vLLM backends, which otherwise ask every prompt for `max_completion_length`.
+"""Patches of TRL's generation backends for one seeded generation call, all made and undone through `replaced`.
 
-A seeded row only has `max_completion_length - k` tokens left after its prefix of `k` tokens, and its prompt is `k`
-tokens longer, so the full budget wastes decoding and can overflow vLLM's `max_model_len`. TRL builds one set of
-sampling parameters for the whole batch, deep inside `VLLMGeneration.generate`; rather than copy that method, the
-trainer wraps the one engine call it ends in, for the duration of a seeded generation:
+A seeded row has only `max_completion_length - k` tokens left after its prefix of `k` tokens, and its prompt is `k`
+tokens longer. TRL builds one request for the whole batch deep inside its generation methods; rather than copy them,
+`SeededBackend.patched` replaces, for the duration of the call, the few objects they end in:
 
-- colocate: `LLM.generate` gets one `SamplingParams` per prompt (vLLM pairs a list with the prompts one by one);
-- server: `VLLMClient.generate` sends one `/v1/completions` request per distinct budget (the OpenAI API takes a
+- static HF `generate`: `max_new_tokens` lowered to the most any row of the global batch needs (in the generation
+  config and in `generation_kwargs`, which TRL copies into the model's), and `model.generate` handed a processor that
+  makes each row emit the rest of its prefix first (`prefix_forcing.py`);
+- vLLM colocate: `LLM.generate` gets one `SamplingParams` per prompt (vLLM pairs a list with the prompts one by one);
+- vLLM server: `VLLMClient.generate` sends one `/v1/completions` request per distinct budget (the OpenAI API takes a
   single `max_tokens` per request), concurrently so that the server still batches them together, and reassembles
   the answers in prompt order.
 
-The budget of each prompt is `cutting.continuation_budget`; vLLM itself is never imported here.
+The budget of each vLLM prompt is `cutting.continuation_budget`; vLLM itself is never imported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+from transformers import LogitsProcessorList
+
 from .cutting import continuation_budget
+from .prefix_forcing import ForcedPrefix
 
 RESULT_KEYS = ("completion_ids", "logprobs", "logprob_token_ids")  # per completion, prompt-major, in client answers
 
@@ -88,7 +95,19 @@ def requests_per_budget(generate: Callable, prefix_lens, max_completion_length: 
 
 @contextlib.contextmanager
 def replaced(owner, name: str, replacement):
-    """Sets `owner.<name>` to `replacement` for the duration, then puts back exactly what was there."""
+    """Sets `owner.<name>` (or `owner[name]` for a mapping) to `replacement` for the duration, then puts back exactly
+    what was there: the same object, or nothing when `owner` itself did not hold one (a class attribute stays)."""
+    if isinstance(owner, MutableMapping):
+        had, saved = name in owner, owner.get(name)
+        owner[name] = replacement
+        try:
+            yield
+        finally:
+            if had:
+                owner[name] = saved
+            else:
+                del owner[name]
+        return
     own = vars(owner)
     had, saved = name in own, own.get(name)
     setattr(owner, name, replacement)
@@ -99,3 +118,92 @@ def replaced(owner, name: str, replacement):
             setattr(owner, name, saved)
         else:
             delattr(owner, name)
+
+
+class SeededBackend:
+    """The generation backend of one `GRPOTrainer`, as a seeded generation call sees it and patches it."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `generating_model`
+        self._server_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
+
+    @property
+    def forces_prefixes(self) -> bool:
+        """Whether generation is static HF `generate`, where forcing prefixes saves decode steps and padding."""
+        return not self.trainer.use_vllm and not self.trainer.use_transformers_continuous_batching
+
+    @property
+    def takes_any_rows(self) -> bool:
+        """Whether the backend accepts any subset of the batch's rows (not whole groups, not TP slices)."""
+        t = self.trainer
+        return not t.use_vllm or (t.vllm_mode == "colocate" and t.vllm_tensor_parallel_size == 1)
+
+    @property
+    def colocated_max_model_len(self) -> int | None:
+        """The colocated vLLM engine's `max_model_len` (None without one); the server's is asked at each request."""
+        t = self.trainer
+        if not (t.use_vllm and t.vllm_mode == "colocate"):
+            return None
+        return t.vllm_generation.llm.llm_engine.model_config.max_model_len
+
+    @property
+    def generating_model(self):
+        """`accelerator.unwrap_model(model_wrapped)`, the object TRL calls `generate` on, unwrapped again only when the
+        wrapper changes (unwrapping walks every submodule, a few milliseconds a step on a small model)."""
+        wrapped = self.trainer.model_wrapped
+        if self._unwrapped is None or self._unwrapped[0] is not wrapped:
+            self._unwrapped = (wrapped, self.trainer.accelerator.unwrap_model(wrapped))
+        return self._unwrapped[1]
+
+    @contextlib.contextmanager
+    def patched(self, global_prefix_lens: np.ndarray | None, prefix_lens: Sequence[int], budget: int, forced=()):
+        """Patches the backend for one call of `_generate_single_turn`, and restores it afterwards.
+
+        `global_prefix_lens`: the prefix each global row's prompt ends with (None or all 0: nothing seeded);
+        `prefix_lens`: the same for the rows this rank sends; `budget`: the most new tokens any row needs (the same on
+        every rank, so that ZeRO-3 ranks decode in lockstep); `forced`: per row sent, prefix tokens to emit first.
+        """
+        with contextlib.ExitStack() as stack:
+            for owner, name, value in self._patches(global_prefix_lens, prefix_lens, budget, forced):
+                stack.enter_context(replaced(owner, name, value))
+            yield
+
+    def _patches(self, global_prefix_lens, prefix_lens, budget, forced) -> list[tuple]:
+        t = self.trainer
+        patches = []
+        if not t.use_vllm and budget < t.max_completion_length:
+            patches += [
+                (t.generation_config, "max_new_tokens", budget),
+                (t.generation_kwargs, "max_new_tokens", budget),
+            ]
+        if any(forced):
+            model = self.generating_model
+            processors = LogitsProcessorList([ForcedPrefix(forced)])
+            patches.append((model, "generate", functools.partial(model.generate, logits_processor=processors)))
+        if t.use_vllm and global_prefix_lens is not None and global_prefix_lens.any():
+            patches += self._vllm_patches(global_prefix_lens, list(prefix_lens))
+        return patches
+
+    def _vllm_patches(self, global_prefix_lens: np.ndarray, prefix_lens: list[int]) -> list[tuple]:
+        """Asks vLLM, per prompt, for exactly the budget its prefix leaves, within the engine's `max_model_len`."""
+        t = self.trainer
+        backend, budget = t.vllm_generation, t.max_completion_length
+        if t.vllm_mode == "colocate":
+            tp = t.vllm_tensor_parallel_size
+            if tp > 1:  # the engine sees the rows of the whole tensor-parallel group, rank after rank
+                size = tp * len(prefix_lens)
+                start = t.accelerator.process_index // tp * size
+                prefix_lens = global_prefix_lens[start : start + size].tolist()
+            wrapped = per_prompt_sampling_params(
+                backend.llm.generate, prefix_lens, budget, self.colocated_max_model_len
+            )
+            return [(backend.llm, "generate", wrapped)]
+        if not t.accelerator.is_main_process:  # server: the main process sends one prompt per group of all ranks
+            return []
+        if self._server_max_model_len is None:
+            self._server_max_model_len = int(backend.vllm_client.get_server_info()["model_config"]["max_model_len"])
+        group_prefix_lens = global_prefix_lens[:: t.num_generations].tolist()
+        client = backend.vllm_client
+        wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._server_max_model_len)
+        return [(client, "generate", wrapped)]

@@ -149,6 +149,7 @@ class SeedGRPOConfig(GRPOConfig):
         super().__post_init__()
         if (
             self.seed_method != "none"
+            and self.seed_fraction > 0
             and self.save_strategy == "no"
             and self.seed_snapshot_only
             and self.seed_snapshot_steps is None

@@ -1,7 +1,7 @@
 """Pure functions of Thinking Seeds: where to cut a seed, how to splice it after a prompt, how to weight its tokens.
 
-Nothing here touches trainer state, so every rule of DESIGN.md's invariants 3-5 is unit-tested with hand-written
-token lists. The trainer calls these and nothing else to cut, splice and mask.
+Nothing here touches trainer state, so every rule of the cut, the budget and the prefix masks (docs/design.md) is
+unit-tested with hand-written token lists. The trainer calls these and nothing else to cut, splice and mask.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class SeedSplicer:
 def continuation_budget(
     prefix_len: int, context_len: int, max_completion_length: int, max_model_len: int | None = None
 ) -> int:
-    """How many tokens a row may generate: what its prefix leaves of `max_completion_length` (invariant 4), and no
+    """How many tokens a row may generate: what its prefix leaves of `max_completion_length`, and no
     more than fits after its `context_len` prompt + prefix tokens in an engine of `max_model_len` positions.
     """
     budget = max_completion_length - prefix_len

@@ -87,7 +87,8 @@ def to_prompt_dataset(
     """Returns `dataset` as `prompt`, `answer` (math) or `tests` (+ `entry_point` if any) (code), and `prompt_id`.
 
     Columns are auto-detected among the common public names unless given; `answer_column` names the tests column
-    for code. A GSM8K-style answer keeps only the text after `####`. Other columns are dropped; a `prompt_id` column
+    for code. A GSM8K-style answer keeps only the text after `####`; an MBPP-style prompt (tests in `test_list`) gets
+    its first assert appended, which names the function to write. Other columns are dropped; a `prompt_id` column
     is kept if the dataset has one, else it is the hash of the prompt (`prompt_id_of`).
     """
     if domain not in ("math", "code"):
@@ -110,7 +111,11 @@ def to_prompt_dataset(
     has_prompt_id = "prompt_id" in columns
 
     def convert(row: dict) -> dict:
-        prompt = _as_prompt(row[prompt_col], system_prompt, conversational)
+        value = row[prompt_col]
+        if reference_col == "test_list" and isinstance(value, str) and row[reference_col]:
+            # MBPP's task text never names the function its asserts call; it is posed with a test that does.
+            value = f"{value}\nYour code should pass this test:\n{row[reference_col][0]}"
+        prompt = _as_prompt(value, system_prompt, conversational)
         out = {"prompt": prompt, "prompt_id": str(row["prompt_id"]) if has_prompt_id else prompt_id_of(prompt)}
         if math:
             out["answer"] = gsm8k_final_answer(str(row[reference_col]))

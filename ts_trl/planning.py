@@ -13,33 +13,32 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bank import Seed, SeedBank
-from .cutting import Cut, Splice, draw_cut
+from .cutting import Cut, draw_cut
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate") and mean reward
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class GroupPlan:
-    """Which seed and cut each row of the local generation batch continues from (None: a plain GRPO row)."""
+    """Which seed and cut each row of the local generation batch continues from (None: a plain GRPO row).
+
+    Decided before generation, identically on every rank, and never changed afterwards: what generation returns is
+    kept apart, in `seed_batch.SeedBatch`.
+    """
 
     seeds: list[Seed | None]
     cuts: list[Cut | None]
-    step: int = 0  # global step and number of earlier generations at that step: part of every rollout id
-    count: int = 0
-    splices: list[Splice | None] | None = None  # built once the prompts are tokenized
-    response_masks: list[list[int]] | None = None
-    completion_ids: list[list[int]] | None = None  # whole responses (prefix + continuation), set by `_generate`
-    completions: list | None = None
-    sampling_logprobs: list | None = None
-    global_seeded: np.ndarray | None = None  # per global row: in a seeded group
-    global_prefix_len: np.ndarray | None = None
+    step: int  # global step and number of earlier generations at that step: part of every rollout id
+    count: int
+    global_seeded: np.ndarray  # per global row: in a seeded group
+    global_prefix_len: np.ndarray
+    replayed: list[bool]  # per local row: an old rollout put back whole, not generated
+    global_replayed: np.ndarray
+    group_keys: list[str]  # prompt id of every group of the global batch
     global_seed_age: list[float] = field(default_factory=list)  # per seeded group
     num_groups: int = 0
     num_eligible_groups: int = 0
     num_refused_cuts: int = 0  # groups drawn for seeding whose seed admits no cut in the ratio range and the budget
-    replayed: list[bool] = field(default_factory=list)  # per local row: an old rollout put back whole, not generated
-    global_replayed: np.ndarray | None = None
-    group_keys: list[str] = field(default_factory=list)  # prompt id of every group of the global batch
 
     @property
     def any_seeded(self) -> bool:
@@ -103,12 +102,11 @@ class GroupPlanner:
         wanted = rng.random(len(group_keys)) < args.seed_fraction
         candidates = self._sample(bank, group_keys, step, rng)
         if args.seed_method == "replay":
-            plan = self._plan_replay(bank, group_keys, wanted, candidates, rng, step, first_row, local_size)
+            rows = self._plan_replay(bank, group_keys, wanted, candidates, rng, step, first_row, local_size)
         else:
             group_lengths = list(prompt_lengths[::G]) if prompt_lengths is not None else None
-            plan = self._plan_cuts(group_keys, wanted, candidates, rng, step, first_row, local_size, group_lengths)
-        plan.step, plan.count = step, count
-        return plan
+            rows = self._plan_cuts(group_keys, wanted, candidates, rng, step, first_row, local_size, group_lengths)
+        return GroupPlan(step=step, count=count, group_keys=list(group_keys), num_groups=len(group_keys), **rows)
 
     def _sample(self, bank: SeedBank, group_keys: Sequence[str], step: int, rng: np.random.Generator):
         args = self.args
@@ -116,7 +114,7 @@ class GroupPlanner:
             group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self.pass_rates
         )
 
-    def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size, lengths) -> GroupPlan:
+    def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size, lengths) -> dict:
         """`seed_method="seeds"`: every row of a chosen group continues from the same cut of the same seed.
 
         The ratio is drawn over the part of `[cut_ratio_min, cut_ratio_max]` that the budget admits; a seed that no
@@ -142,18 +140,16 @@ class GroupPlanner:
             group_seeds.append(seed)
             group_cuts.append(cut)
         rows = range(first_row, first_row + local_size)
-        return GroupPlan(
+        return dict(
             seeds=[group_seeds[r // G] for r in rows],
             cuts=[group_cuts[r // G] for r in rows],
             global_seeded=np.repeat([c is not None for c in group_cuts], G),
             global_prefix_len=np.repeat([c.k if c is not None else 0 for c in group_cuts], G),
             global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
-            num_groups=len(group_keys),
             num_eligible_groups=sum(s is not None for s in candidates),
             num_refused_cuts=refused,
             replayed=[False] * local_size,
             global_replayed=np.zeros(len(group_keys) * G, dtype=bool),
-            group_keys=list(group_keys),
         )
 
     def _cut_budget(self, prompt_length: int | None) -> int:
@@ -163,7 +159,7 @@ class GroupPlanner:
             return self.budget
         return min(self.budget, self.max_positions - self.budget - prompt_length + 1)
 
-    def _plan_replay(self, bank, group_keys, wanted, first_candidates, rng, step, first_row, local_size) -> GroupPlan:
+    def _plan_replay(self, bank, group_keys, wanted, first_candidates, rng, step, first_row, local_size) -> dict:
         """`seed_method="replay"`: the last `replay_per_group` rows of a chosen group are whole old rollouts.
 
         A replayed row is planned as a "cut" at the rollout's full length (`k = len`, capped by the budget): the same
@@ -184,17 +180,15 @@ class GroupPlanner:
         cuts = [Cut(k=min(len(s.completion_ids), self.budget), ratio=1.0) if s else None for s in seeds]
         rows = slice(first_row, first_row + local_size)
         replayed = np.array([s is not None for s in seeds])
-        return GroupPlan(
+        return dict(
             seeds=seeds[rows],
             cuts=cuts[rows],
             global_seeded=np.zeros(len(seeds), dtype=bool),
             global_prefix_len=np.array([c.k if c else 0 for c in cuts]),
             global_seed_age=[step - s.step for s in seeds if s is not None and s.step >= 0],
-            num_groups=len(group_keys),
             num_eligible_groups=sum(s is not None for s in first_candidates),
             replayed=list(replayed[rows]),
             global_replayed=replayed,
-            group_keys=list(group_keys),
         )
 
     def observe(self, plan: GroupPlan, rewards: np.ndarray, passed: np.ndarray) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trl import ScriptArguments, TrlParser
 
+from .collectives import is_deepspeed
 from .resources import packaged_file
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,8 @@ EMBEDDED_DEFAULTS = {
     "output_dir": "runs/embedded",
     "use_cpu": True,
     "seed": 0,
-    # Chosen by on-policy GRPO's held-out gain alone (README, "How the embedded default was chosen"): with 8 prompts
-    # per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose, most on 2-3 numbers.
+    # Chosen by on-policy GRPO's held-out gain alone (docs/results-add.md, "How the task and budget were chosen"):
+    # with 8 prompts per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose.
     "learning_rate": 1e-4,
     "lr_scheduler_type": "constant",
     "per_device_train_batch_size": 256,  # 32 prompt groups of eight per step
@@ -44,7 +45,7 @@ EMBEDDED_DEFAULTS = {
     "temperature": 1.0,
     "beta": 0.0,
     "activation_checkpointing": False,  # the tiny model fits easily; recomputing its forward pass only costs time
-    "max_steps": 300,  # the seeded main job gained +0.13 in 200 steps, +0.21 in 300 (README, "The embedded default")
+    "max_steps": 300,  # the seeded main job still gains from 200 to 300 (docs/results-add.md)
     "save_steps": 20,
     "logging_steps": 5,
     "report_to": "none",
@@ -105,9 +106,9 @@ class SeedScriptArguments(ScriptArguments):
             about 0.16 at temperature 1, against 0.45 for 2 numbers).
         embedded_min_difficulty (`int`, *optional*, defaults to `1`):
             Fewest additions per problem; each level from here to `embedded_difficulty` is equally likely.
-        embedded_train_problems (`int`, *optional*, defaults to `1024`):
-            Size of the built-in training set: too many to memorise, few enough that prompts come back (nine times
-            each in the default run) and find seeds in the bank.
+        embedded_train_problems (`int`, *optional*, defaults to `896`):
+            Size of the built-in training set: too many to memorise, few enough that prompts come back (about eleven
+            times each in the default run, the first time at step 29 of 300) and find seeds in the bank.
         embedded_eval_problems (`int`, *optional*, defaults to `256`):
             Size of the held-out set on which pass@1 is measured during training (0: no evaluation).
         embedded_eval_samples (`int`, *optional*, defaults to `8`):
@@ -140,7 +141,7 @@ class SeedScriptArguments(ScriptArguments):
     )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
-    embedded_train_problems: int = field(default=1024, metadata={"help": "Built-in task: training problems."})
+    embedded_train_problems: int = field(default=896, metadata={"help": "Built-in task: training problems."})
     embedded_eval_problems: int = field(
         default=256, metadata={"help": "Built-in task: held-out problems for pass@1 (0: no evaluation)."}
     )
@@ -214,7 +215,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU in float32 rather than fail on
         # GRPOConfig's bf16 default (bf16 autocast on CPU is slow and perturbs the sampling log-probs). DeepSpeed
         # picks its CPU accelerator by itself (DS_ACCELERATOR=cpu).
-        parser.set_defaults_with_config(bf16=False, **({} if _deepspeed() else {"use_cpu": True}))
+        parser.set_defaults_with_config(bf16=False, **({} if is_deepspeed() else {"use_cpu": True}))
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
     except ValueError as error:  # unknown recipe keys or flags, bad values
@@ -243,10 +244,6 @@ def _shipped_names(kind: str) -> list[str]:
     return sorted(path.stem for path in folder.glob("*.yaml")) if folder else []
 
 
-def _deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
-
-
 def _cpu_only() -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
@@ -261,7 +258,7 @@ def skip_deepspeed_shm_build() -> None:
     DeepSpeed compiles that C++ op when its communication backend starts, even for a single process, where there is
     nothing to reduce; with `DS_BUILD_OPS=0` that is minutes of compiling, and needs a compiler. Nothing else changes.
     """
-    if not _deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
+    if not is_deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
         return
     import torch
 

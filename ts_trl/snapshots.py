@@ -469,10 +469,24 @@ class SeedStore:
             )
         return [self.seeds_dir / s["file"] for s in pointer["shards"]]
 
-    def add_pending(self, pending: PendingRollout) -> int:
-        """Queues a local rollout until the training forward fills its log-probs; returns its row in the queue."""
-        self.pending.append(pending)
-        return len(self.pending) - 1
+    def queue(self, rollouts: Sequence[PendingRollout | None]) -> list[int]:
+        """Queues a batch's local rollouts until the next `flush`; returns each one's row in the queue (-1 for None).
+
+        A rollout without behaviour log-probs gets them from the training forward, by its row (`fill_logprobs`).
+        """
+        rows = []
+        for pending in rollouts:
+            if pending is not None:
+                self.pending.append(pending)
+            rows.append(len(self.pending) - 1 if pending is not None else -1)
+        return rows
+
+    def fill_logprobs(self, rows: Sequence[int], logprobs: np.ndarray) -> None:
+        """Sets the behaviour log-probs of the queued rollouts at `rows` (-1: none) from the training forward's."""
+        for j, row in enumerate(rows):
+            if row >= 0:
+                pending = self.pending[row]
+                pending.logprobs = logprobs[j, : len(pending.rollout.completion_ids)]
 
     def flush(self) -> None:
         """Moves the completed local rollouts of every rank into the bank (and, on the main process, the snapshot)."""
@@ -536,7 +550,8 @@ class SeedStore:
 
         So the ranks of a node share one copy of every snapshotted token id (the page cache) and keep only per-rollout
         metadata of their own. A rank that cannot see the file (another node without a shared output_dir) keeps its
-        own copy. Every rank calls this, at every snapshot: the barrier is a collective (invariant 9).
+        own copy. Every rank calls this, at every snapshot: the barrier is a collective, and every rank must run the same
+        collectives.
         """
         fresh = len(self.bank) - self.bank.num_snapshotted
         if self.accelerator.num_processes > 1:

@@ -78,6 +78,15 @@ def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
     return PeftModel.from_pretrained(model, folder).merge_and_unload().eval()
 
 
+def save_figure(fig, path, dpi: int = 120, **layout) -> None:
+    """Lays out, writes and closes a matplotlib figure (`layout`: arguments of `tight_layout`)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def write_csv(path, records: list[dict]) -> None:
     """Writes dict rows as CSV; the header is the union of their keys, in first-seen order."""
     with open(path, "w", newline="") as f:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import InputError, output_dir, quiet_libraries, run_command, write_csv
+from .common import InputError, output_dir, quiet_libraries, run_command, save_figure, write_csv
 from .stats import ALPHA, POWER, holm, paired_t
 
 METHODS = {
@@ -913,20 +913,15 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a panel may have no curve yet (no seeded step)
+            ax.legend(fontsize=7)
     fig.suptitle(
         f"{_title(args)}, {len({c['seed'] for c in curves})} RNG seed(s) per method (mean; band: min-max over seeds), same steps and "
         f"prompts ({budget.prompts_per_step} x {budget.num_generations} rollouts per step)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    return run_command(main, argv)
+    save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    raise SystemExit(run_command(main))

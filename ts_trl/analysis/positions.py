@@ -37,6 +37,7 @@ from .common import (
     quiet_libraries,
     read_sampling,
     run_command,
+    save_figure,
     token_logprobs,
     write_csv,
 )
@@ -234,21 +235,21 @@ def _coverage(logp_prefix, beh_prefix, min_ratio: float) -> dict:
 
 
 def format_table(summary: list[dict]) -> str:
-    lines = ["bucket  position    tokens  mean_log_ratio  kl_k3     cum_kl_k3  coverage"]
-    for s in summary:
-        lines.append(
-            f"{s['bucket']:<6}  {s['rel_start']:.2f}-{s['rel_end']:.2f}  {s['tokens']:<6}  {s['mean_log_ratio']:<14.4f}"
-            f"  {s['kl_k3']:<8.4f}  {s['cum_kl_k3']:<9.4f}  {s['coverage']:.3f}"
-        )
-    return "\n".join(lines)
+    rows = [(f"{s['bucket']:<6}  {s['rel_start']:.2f}-{s['rel_end']:.2f}", s) for s in summary]
+    return _divergence_table("bucket  position  ", rows)
 
 
 def format_age_table(by_age: list[dict]) -> str:
-    lines = ["age     rollouts  tokens  mean_log_ratio  kl_k3     cum_kl_k3  coverage"]
-    for s in by_age:
+    return _divergence_table("age     rollouts", [(f"{s['age']:<6}  {s['rollouts']:<8}", s) for s in by_age])
+
+
+def _divergence_table(header: str, rows: list[tuple[str, dict]]) -> str:
+    """One line per row: its label, then tokens and the divergence statistics."""
+    lines = [f"{header}  tokens  mean_log_ratio  kl_k3     cum_kl_k3  coverage"]
+    for label, s in rows:
         lines.append(
-            f"{s['age']:<6}  {s['rollouts']:<8}  {s['tokens']:<6}  {s['mean_log_ratio']:<14.4f}  {s['kl_k3']:<8.4f}"
-            f"  {s['cum_kl_k3']:<9.4f}  {s['coverage']:.3f}"
+            f"{label}  {s['tokens']:<6}  {s['mean_log_ratio']:<14.4f}  {s['kl_k3']:<8.4f}  {s['cum_kl_k3']:<9.4f}"
+            f"  {s['coverage']:.3f}"
         )
     return "\n".join(lines)
 
@@ -282,14 +283,8 @@ def plot(summary: list[dict], path, args, num_rollouts: int, steps: list[int], s
         f"generated tokens only, {sampling.describe()}\ncheckpoint = {args.checkpoint}",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    return run_command(main, argv)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    raise SystemExit(run_command(main))

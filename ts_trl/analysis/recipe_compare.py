@@ -81,13 +81,16 @@ def main(argv: list[str]) -> list[dict]:
     started = time.time()
     script_args, training_args, model_args = _arm_args(args, passed_on, BASELINE, 0, out / "runs")
     _check_recipe(args, script_args, training_args)
-    _claim_folder(out, args, passed_on, state)
     held_out = _held_out(args, script_args)
     from ..data import load_training_data
     from ..rewards import get_reward_funcs
 
-    train_set, _ = load_training_data(script_args)
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    try:
+        train_set, _ = load_training_data(script_args)
+        reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    except (ValueError, FileNotFoundError, ImportError) as error:
+        raise InputError(f"--config {args.config}: {' '.join(str(error).split())}") from error
+    _claim_folder(out, args, passed_on, state)  # only once the input is known good: a corrected rerun is not refused
     scorer = Scorer(args, training_args, held_out, reward_funcs, state)
     start_model = model_args.model_name_or_path
     if not (out / "probe.json").is_file():

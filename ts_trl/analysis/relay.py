@@ -37,6 +37,7 @@ from .common import (
     run_command,
     run_seed_shards,
     sample_continuations,
+    save_figure,
     wilson_interval,
     write_csv,
 )
@@ -359,25 +360,23 @@ def summarize(samples: list[dict], ratios: list[float], rng_seed: int = 0) -> li
 
 
 def format_table(summary: list[dict]) -> str:
-    lines = ["ratio  B from A              A alone               B alone"]
-    by_key = {(s["ratio"], s["condition"]): s for s in summary}
-    for ratio in sorted({s["ratio"] for s in summary}):
-        cells = []
-        for condition in CONDITIONS:
-            s = by_key[(ratio, condition)]
-            cells.append(f"{s['pass_rate']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
-        lines.append(f"{ratio:<5.2f}  " + "  ".join(f"{cell:<20}" for cell in cells))
-    return "\n".join(lines)
+    return _ratio_table(summary, "ratio  B from A              A alone               B alone", CONDITIONS, ".3f")
 
 
 def format_paired_table(summary: list[dict]) -> str:
-    lines = ["ratio  B from A - A alone    B from A - B alone    (paired, 95% bootstrap over prompts)"]
+    header = "ratio  B from A - A alone    B from A - B alone    (paired, 95% bootstrap over prompts)"
+    return _ratio_table(summary, header, PAIRED, "+.3f")
+
+
+def _ratio_table(summary: list[dict], header: str, conditions, number: str) -> str:
+    """One line per cut ratio: each condition's pass rate (or difference) with its interval."""
+    lines = [header]
     by_key = {(s["ratio"], s["condition"]): s for s in summary}
     for ratio in sorted({s["ratio"] for s in summary}):
         cells = []
-        for name in PAIRED:
-            s = by_key[(ratio, name)]
-            cells.append(f"{s['pass_rate']:+.3f} [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]")
+        for condition in conditions:
+            s = by_key[(ratio, condition)]
+            cells.append(f"{s['pass_rate']:{number}} [{s['ci_low']:{number}}, {s['ci_high']:{number}}]")
         lines.append(f"{ratio:<5.2f}  " + "  ".join(f"{cell:<20}" for cell in cells))
     return "\n".join(lines)
 
@@ -421,14 +420,8 @@ def plot(summary: list[dict], path, args) -> None:
     diff_ax.grid(alpha=0.3)
     diff_ax.legend(loc="best", fontsize=8)
     fig.text(0.01, 0.01, f"A = {args.checkpoint_a}\nB = {args.checkpoint_b}", fontsize=6, va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    return run_command(main, argv)
+    save_figure(fig, path, rect=(0, 0.05, 1, 1))
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    raise SystemExit(run_command(main))

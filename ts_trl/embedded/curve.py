@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from ts_trl.collectives import is_deepspeed
 from ts_trl.embedded.evaluate import pass_at_1
 from ts_trl.embedded.task import embedded_reward
 
@@ -29,8 +29,7 @@ class LearningCurve(TrainerCallback):
         self.points: list[tuple[int, str, float]] = []
 
     def _evaluate(self, args, state, model) -> None:
-        deepspeed = args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
-        if not state.is_world_process_zero or deepspeed or model is None or not len(self.eval_set):
+        if not state.is_world_process_zero or is_deepspeed(args) or model is None or not len(self.eval_set):
             return
         if any(step == state.global_step and kind == "held_out_pass@1" for step, kind, _ in self.points):
             return

@@ -77,31 +77,9 @@ def pass_at_k(rewards: list[list[float]], k: int) -> float:
     return sum(estimates) / len(estimates)
 
 
-def pass_at_1(
-    model,
-    tokenizer,
-    dataset: Dataset,
-    reward_fn: Callable[..., list[float | None]],
-    max_new_tokens: int,
-    batch_size: int = 64,
-    temperature: float = 1.0,
-    num_samples: int = 1,
-    seed: int = 0,
-    progress: bool = False,
-    num_threads: int | None = 1,
-) -> float:
-    """The mean reward over `num_samples` completions per prompt; at temperature 1.0 this is GRPO's pass rate."""
-    rewards = sample_rewards(
-        model,
-        tokenizer,
-        dataset,
-        reward_fn,
-        max_new_tokens,
-        batch_size,
-        temperature,
-        num_samples,
-        seed,
-        progress,
-        num_threads,
-    )
-    return pass_at_k(rewards, 1)
+def pass_at_1(model, tokenizer, dataset: Dataset, reward_fn, max_new_tokens: int, **sampling) -> float:
+    """The mean reward over `num_samples` completions per prompt; at temperature 1.0 this is GRPO's pass rate.
+
+    `sampling` takes the keyword arguments of `sample_rewards` (batch_size, temperature, num_samples, seed, ...).
+    """
+    return pass_at_k(sample_rewards(model, tokenizer, dataset, reward_fn, max_new_tokens, **sampling), 1)

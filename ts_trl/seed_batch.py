@@ -1,0 +1,215 @@
+"""One generation batch of a seeded run as one record: the plan, decided before generation, and what came back.
+
+`SeedBatch` is the trainer's only per-batch state. `_generate_and_score_completions` makes it from the plan; the TRL
+hooks it runs fill in `generation` in order (`_generate_single_turn` the loss masks, `_generate` the responses,
+`_calculate_rewards` the rewards); it is dropped once the batch is scored and banked. The functions below are pure:
+which rows reach the backend with which prompt (`generation_request`), how each response is put back together
+(`assemble_responses`), and the rollouts the batch banks (`pending_rollouts`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .bank import Rollout
+from .cutting import SeedSplicer, Splice
+from .data import prompt_id_of
+from .planning import GroupPlan
+from .prefix_forcing import strip_forced
+from .snapshots import PendingRollout
+
+PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
+
+
+@dataclass
+class Generation:
+    """What generation and scoring returned for this rank's rows; each field is set once, by the hook named."""
+
+    response_masks: list[list[int]] | None = None  # `_generate_single_turn`: prefix mask, then 1 per generated token
+    completion_ids: list[list[int]] | None = None  # `_generate`: whole responses (prefix + continuation)
+    completions: list | None = None  # `_generate`: their decoded text (or messages)
+    sampling_logprobs: list | None = None  # `_generate`: the backend's (None on prefix tokens); None with HF generate
+    rewards_per_func: object = None  # `_calculate_rewards`: a tensor gathered over all ranks, one row per rollout
+
+
+@dataclass
+class SeedBatch:
+    """The plan of one generation batch and what generation made of it."""
+
+    plan: GroupPlan
+    mask_truncated: bool  # TRL's `mask_truncated_completions`, applied through the loss mask instead (see trainer)
+    generation: Generation = field(default_factory=Generation)
+
+    @property
+    def global_prefix_lens(self) -> np.ndarray:
+        """Per global row, the prefix its prompt ends with (replayed rows are generated, if at all, from the prompt)."""
+        return np.where(self.plan.global_seeded, self.plan.global_prefix_len, 0)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What one seeded backend call is asked, per local row, and which local rows are sent at all."""
+
+    splices: list[Splice | None]  # None: a plain or replayed row
+    prompts: list[list[int]]  # the prompt ids, followed by the part of the prefix spliced into them
+    forced: list[list[int]]  # prefix tokens `generate` is made to emit first (static HF generate only)
+    rows: list[int]  # the local rows sent to the backend, in order
+    budget: int  # the most new tokens any row of the global batch needs
+
+    def sent(self, per_row: Sequence) -> list:
+        """`per_row` (one item per local row) restricted to the rows sent, in the order they are sent."""
+        return [per_row[i] for i in self.rows]
+
+    @property
+    def prefix_lens(self) -> list[int]:
+        """Per row sent: the length of the prefix its prompt ends with (forced tokens included)."""
+        return [len(s.prefix_ids) if s is not None else 0 for s in self.sent(self.splices)]
+
+
+def generation_request(
+    prompt_ids: Sequence[Sequence[int]],
+    plan: GroupPlan,
+    splicer: SeedSplicer,
+    max_completion_length: int,
+    forces_prefixes: bool,
+    any_rows: bool,
+) -> GenerationRequest:
+    """Splices each seeded row's prefix after its prompt and decides which rows the backend generates.
+
+    Replayed rows are left out unless the backend takes only whole batches (`any_rows=False`: vLLM server, tensor-
+    parallel colocate, per-row multimodal inputs); then they are generated and their output discarded. With
+    `forces_prefixes` (static HF `generate`), only the prefix length every generated row of the global batch shares
+    is spliced, and each row emits the rest of its prefix as forced first tokens (see `prefix_forcing.py`).
+    """
+    splices = [
+        splicer(ids, seed.completion_ids, cut) if cut is not None and not replayed else None
+        for ids, seed, cut, replayed in zip(prompt_ids, plan.seeds, plan.cuts, plan.replayed)
+    ]
+    prompts = [s.prompt_ids if s is not None else list(ids) for ids, s in zip(prompt_ids, splices)]
+    rows = [i for i, replayed in enumerate(plan.replayed) if not replayed]
+    if not rows or not any_rows:
+        rows = list(range(len(prompts)))
+    forced: list[list[int]] = [[] for _ in prompts]
+    budget = int(max_completion_length - plan.global_prefix_len.min())
+    if forces_prefixes:
+        generating = ~plan.global_replayed
+        common = int(plan.global_prefix_len[generating].min()) if generating.any() else 0  # the same on every rank
+        budget = max_completion_length - common
+        for i, splice in enumerate(splices):
+            if splice is not None:
+                prompts[i] = list(prompt_ids[i]) + list(splice.prefix_ids[:common])
+                forced[i] = list(splice.prefix_ids[common:])
+    return GenerationRequest(splices=splices, prompts=prompts, forced=forced, rows=rows, budget=budget)
+
+
+def assemble_responses(
+    plan: GroupPlan,
+    request: GenerationRequest,
+    continuations: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float]] | None,
+    max_completion_length: int,
+) -> tuple[list[list[int]], list[list[int]], list[list[float | None]] | None]:
+    """Per local row: the whole response, its loss mask, and its sampling log-probs (None when the backend gave none).
+
+    A seeded row is its prefix and the continuation truncated to the budget the prefix leaves; a replayed row is the
+    stored rollout whole (every token trained as an old action, none generated); a plain row is its continuation.
+    Prefix tokens have no sampling log-prob: TRL treats None as "no correction" in its vLLM importance ratio.
+    """
+    own: list[list[int] | None] = [None] * len(request.prompts)
+    own_logprobs: list = [None] * len(request.prompts)
+    for j, i in enumerate(request.rows):
+        own[i] = strip_forced(continuations[j], request.forced[i])
+        own_logprobs[i] = logprobs[j] if logprobs is not None else None
+    responses, masks, sampling = [], [], []
+    for i, (splice, continuation) in enumerate(zip(request.splices, own)):
+        if plan.replayed[i]:
+            response = [int(t) for t in plan.seeds[i].completion_ids[: plan.cuts[i].k]]
+            mask, k = [1] * len(response), len(response)
+        elif splice is None:
+            response, mask, k = list(continuation), [1] * len(continuation), 0
+        else:
+            response, mask = SeedSplicer.response(splice, list(continuation), max_completion_length)
+            k = len(splice.prefix_ids)
+        responses.append(response)
+        masks.append(mask)
+        if logprobs is not None:
+            generated = list(own_logprobs[i][: len(response) - k]) if k < len(response) else []
+            sampling.append([None] * k + generated)
+    return responses, masks, (sampling if logprobs is not None else None)
+
+
+def prompt_key(row: dict) -> str:
+    """The prompt id of a dataset row: its `prompt_id` when it has one, else the prompt's stable hash."""
+    return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(row["prompt"])
+
+
+class PromptLengths:
+    """Token counts of prompts by prompt key, each prompt tokenized once by `tokenize` (a batch holds
+    `num_generations` copies of each, and prompts come back every epoch); up to `PROMPT_LENGTHS_KEPT` are kept."""
+
+    def __init__(self, tokenize):
+        self.tokenize = tokenize  # prompts -> their token ids, as the generation backend will see them
+        self.known: dict[str, int] = {}
+
+    def __call__(self, rows: Sequence[dict], keys: Sequence[str]) -> list[int]:
+        if len(self.known) >= PROMPT_LENGTHS_KEPT:
+            self.known.clear()
+        missing: dict[str, int] = {}
+        for row, key in enumerate(keys):
+            if key not in self.known:
+                missing.setdefault(key, row)
+        if missing:
+            prompt_ids = self.tokenize([rows[row]["prompt"] for row in missing.values()])
+            self.known.update((key, len(ids)) for key, ids in zip(missing, prompt_ids))
+        return [self.known[key] for key in keys]
+
+
+def pending_rollouts(
+    batch: SeedBatch,
+    rows: Sequence[dict],
+    first_row: int,
+    run_id: str,
+    rewards: np.ndarray,
+    reward_names: Sequence[str],
+    policy_logprobs: np.ndarray | None,
+) -> list[PendingRollout | None]:
+    """The local rollouts of `batch` to bank, one per row (None for a replayed row: it is in the bank already).
+
+    `rows` are this rank's dataset rows, the global batch's from `first_row` on; `rewards` the total reward of every
+    global row. Behaviour log-probs are the backend's when it sampled them (vLLM), else `policy_logprobs` (TRL's
+    pre-update forward) when given; otherwise the training forward fills them in (`SeedStore.fill_logprobs`).
+    """
+    plan, generation = batch.plan, batch.generation
+    per_func = generation.rewards_per_func[first_row : first_row + len(rows)].tolist()
+    pending: list[PendingRollout | None] = []
+    for i, row in enumerate(rows):
+        if plan.replayed[i]:
+            pending.append(None)
+            continue
+        seed, cut = plan.seeds[i], plan.cuts[i]
+        response, completion = generation.completion_ids[i], generation.completions[i]
+        k = cut.k if cut is not None else 0
+        rollout = Rollout(
+            rollout_id=f"{run_id}-{plan.step:06d}-{plan.count:02d}-{first_row + i:05d}",
+            prompt_id=prompt_key(row),
+            prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
+            completion=completion if isinstance(completion, str) else json.dumps(completion),
+            completion_ids=np.asarray(response, np.int32),  # compact from here to the shard
+            logprobs=(),
+            reward=float(rewards[first_row + i]),
+            step=plan.step,
+            prefix_len=k,
+            seed_origin=seed.rollout_id if seed is not None else None,
+            rewards=dict(zip(reward_names, per_func[i])),
+        )
+        item = PendingRollout(rollout, prefix_logprobs=np.asarray(seed.logprobs[:k]) if k else np.zeros(0))
+        if generation.sampling_logprobs is not None:
+            item.logprobs = np.array([np.nan if x is None else x for x in generation.sampling_logprobs[i]], np.float32)
+        elif policy_logprobs is not None:
+            item.logprobs = policy_logprobs[i, : len(response)]
+        pending.append(item)
+    return pending
