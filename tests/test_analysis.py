@@ -344,3 +344,38 @@ def test_relay_cuts_snap_to_line_ends_as_the_trainer_cuts(tokenizer):
     boundaries = boundary_token_ids(tokenizer)
     assert [relay_cut(text, r, None) for r in (0, 0.3, 0.5)] == [0, 5, 9]
     assert [relay_cut(text, r, boundaries) for r in (0, 0.3, 0.5, 0.7)] == [0, 6, 6, 12]
+
+
+def _by_sample(samples, condition, ratio=None) -> dict:
+    return {
+        (s["prompt_id"], s["sample"]): s["response_ids"]
+        for s in samples
+        if s["condition"] == condition and (ratio is None or float(s["ratio"]) == ratio)
+    }
+
+
+def test_relay_gives_identical_conditions_identical_figures(chat_run, tmp_path):
+    """Common random numbers: B continuing an empty prefix of A's is "B alone", sample for sample; and with A = B,
+    B from A's prefix at any r is A's own solution. Both flag spellings are accepted."""
+    argv = [
+        "relay", "--checkpoint_a", str(chat_run / "checkpoint-2"), "--checkpoint-b", str(chat_run / "checkpoint-4"),
+        "--output_dir", str(tmp_path / "ab"), "--num_prompts", "8", "--samples", "3", "--ratios", "0", "0.5",
+        "--batch-size", "5",  # batches that mix conditions and ratios differently in each call
+    ]  # fmt: skip
+    assert main(argv) == 0
+    samples = list(csv.DictReader(open(tmp_path / "ab" / "relay_samples.csv")))
+    assert _by_sample(samples, "b_from_a", 0.0) == _by_sample(samples, "b_alone")
+    assert _by_sample(samples, "b_from_a", 0.5) != _by_sample(samples, "b_alone")  # a different condition
+    summary = {(float(r["ratio"]), r["condition"]): r for r in csv.DictReader(open(tmp_path / "ab" / "relay.csv"))}
+    assert summary[(0.0, "b_from_a")]["pass_rate"] == summary[(0.0, "b_alone")]["pass_rate"]
+    difference = summary[(0.0, "b_from_a_minus_b_alone")]
+    assert float(difference["pass_rate"]) == float(difference["ci_low"]) == float(difference["ci_high"]) == 0.0
+
+    same = list(argv)
+    same[2] = str(chat_run / "checkpoint-4")  # A = B
+    same[same.index("--output_dir") + 1] = str(tmp_path / "bb")
+    assert main(same) == 0
+    samples = list(csv.DictReader(open(tmp_path / "bb" / "relay_samples.csv")))
+    a_alone = _by_sample(samples, "a_alone")
+    assert a_alone == _by_sample(samples, "b_alone") == _by_sample(samples, "b_from_a", 0.0)
+    assert a_alone == _by_sample(samples, "b_from_a", 0.5)

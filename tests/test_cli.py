@@ -472,7 +472,7 @@ def test_ctrl_c_exits_130_and_its_resume_command_ends_with_the_uninterrupted_ban
     def read():
         for line in process.stdout:
             lines.append(line)
-            if "'loss'" in line:  # a logged training step: the loop is running
+            if line.startswith("step ") and " loss " in line:  # a logged training step: the loop is running
                 started.set()
 
     reader = threading.Thread(target=read, daemon=True)

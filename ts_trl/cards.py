@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -88,53 +91,233 @@ def render_model_card(
     *,
     base_model: str | None,
     model_name: str,
-    hub_model_id: str | None,
+    repo_ref: str,
     dataset_name: str | None,
     seed_dataset_id: str | None,
     is_peft: bool,
     seed_config: Mapping,
     metrics: Mapping,
+    hyperparameters: Mapping = {},
     license: str | None = None,
     tags: Sequence[str] = (),
-    tokenizer_class: str = "AutoTokenizer",
+    base_description: str | None = None,
+    base_subfolder: str | None = None,
+    example_prompt: str | list | None = None,
+    max_new_tokens: int = 64,
+    num_processes: int = 1,
+    trackers: Sequence[tuple[str, str, str]] = (),
+    versions: Sequence[tuple[str, str]] = (),
 ) -> ModelCard:
-    """The model card of a Thinking Seeds run: metadata for the Hub, the method, the seeding settings and metrics.
+    """The model card of a Thinking Seeds run: metadata for the Hub, how to load it, the method, settings and metrics.
 
-    Only Hub ids go into the metadata (`base_model`, `datasets`); a local model or data path is named in the text.
-    `tokenizer_class` is what the "How to load" snippet uses (`PreTrainedTokenizerFast` for a tokenizer of that
-    generic class, which `AutoTokenizer` would swap for the one registered for the architecture).
+    `repo_ref` is what the "How to load" snippet loads: the pushed repo id, or the run's folder. Only Hub ids go into
+    the metadata (`base_model`, `datasets`); a local model or data path is named in the text. The run's own seed
+    dataset is an output, so it is linked in the text and not listed under `datasets`. `base_description` names a base
+    that has no Hub id (e.g. "ts_trl's tiny ... model"); `base_subfolder` is where an adapter's base is saved inside
+    `repo_ref` when it has no Hub id.
     """
+    hub_base = base_model if _is_hub_id(base_model) else None
     card_data = ModelCardData(
-        base_model=base_model if _is_hub_id(base_model) else None,
+        base_model=hub_base,
         library_name="peft" if is_peft else "transformers",
-        datasets=[name for name in (dataset_name, seed_dataset_id) if _is_hub_id(name)] or None,
+        datasets=[dataset_name] if _is_hub_id(dataset_name) else None,
         tags=list(dict.fromkeys([*TAGS, *tags])),
         pipeline_tag="text-generation",
-        license=license,
         model_name=model_name,
+        **license_metadata(license, hub_base),
     )
+    if hub_base:
+        base_description = _hub_link(hub_base)
+    elif base_description is None:
+        base_description = f"the model at `{base_model}`" if base_model else "a model built in memory"
     seed_settings = [
         (name, _format_value(value))
         for name, value in sorted(seed_config.items())
         if name.startswith(SEED_SETTING_PREFIXES)
     ]
+    example = example_prompt if example_prompt else "Hello"
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path(MODEL_CARD_TEMPLATE)),
-        base_model_link=_hub_link(base_model),
         model_name=model_name,
+        base_description=base_description,
         dataset_link=_hub_link(dataset_name, "dataset"),
         seed_dataset_link=_hub_link(seed_dataset_id, "dataset"),
         is_peft=is_peft,
+        base_subfolder=base_subfolder,
         prefix_mode=seed_config.get("prefix_mode", "state"),
-        repo_ref=hub_model_id or model_name,
-        tokenizer_class=tokenizer_class,
+        repo_ref=repo_ref,
+        repo_is_hub_id=_is_hub_id(repo_ref),
+        example=repr(example),
+        example_is_chat=isinstance(example, list),
+        max_new_tokens=max_new_tokens,
+        num_processes=num_processes,
+        trackers=list(trackers),
+        hyperparameters=[(name, _format_value(value)) for name, value in hyperparameters.items()],
         seed_settings=seed_settings,
         metrics=[(name, _format_value(value)) for name, value in metrics.items()],
+        versions=list(versions),
+        license_text=license_text(license, hub_base),
         thinking_seeds_citation=THINKING_SEEDS_CITATION,
         grpo_citation=GRPO_CITATION,
         trl_citation=TRL_CITATION,
     )
+
+
+def license_metadata(license: str | None, base_model: str | None) -> dict:
+    """The card metadata for `card_license`: a Hub license id as is; `other` (the base model's and the data's terms)
+    with `license_name`/`license_link` pointing at the base model when it is on the Hub, else no license key at all,
+    since the Hub reads `license: other` without a name and a link as an incomplete card."""
+    if not license:
+        return {}
+    if license != "other":
+        return {"license": license}
+    if base_model:
+        return {
+            "license": "other",
+            "license_name": "same-as-base-model",
+            "license_link": f"https://huggingface.co/{base_model}",
+        }
+    return {}
+
+
+def license_text(license: str | None, base_model: str | None) -> str:
+    if license and license != "other":
+        return f"`{license}`."
+    if base_model:
+        return f"The terms of the base model {_hub_link(base_model)} and of the training data apply."
+    return (
+        "No license was chosen for this model (`card_license`); the terms of its base model and training data apply. "
+        "Set `card_license` (a Hub license id such as `apache-2.0`) to publish it under one."
+    )
+
+
+# GRPOConfig fields shown in a card's hyper-parameter table: those that decide what was trained and how long.
+HYPERPARAMETERS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "weight_decay",
+    "optim",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "scale_rewards",
+    "num_iterations",
+    "num_train_epochs",
+    "max_steps",
+    "seed",
+    "bf16",
+)
+# (name on the card, distribution) of the libraries whose versions a card lists, as TRL's own cards do, plus ours.
+FRAMEWORKS = (
+    ("ts_trl", "ts-trl"),
+    ("TRL", "trl"),
+    ("Transformers", "transformers"),
+    ("PyTorch", "torch"),
+    ("Datasets", "datasets"),
+    ("Tokenizers", "tokenizers"),
+    ("PEFT", "peft"),
+)
+TRACKER_BADGES = {
+    "Weights & Biases": "https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg",
+    "Trackio": "https://raw.githubusercontent.com/gradio-app/trackio/refs/heads/main/trackio/assets/badge.png",
+    "Comet": "https://raw.githubusercontent.com/comet-ml/comet-examples/master/logo/comet_badge.png",
+}
+
+
+def model_name_of(model) -> str:
+    """What a model is, for cards and the seed dataset's `model` column: its Hub id or path, or for a model built in
+    memory the description it carries (`ts_trl.tiny`'s models carry one), else its architecture and size."""
+    description = getattr(model, "ts_trl_description", None)
+    if description:
+        return description
+    name = getattr(model.config, "_name_or_path", "")
+    if name:
+        return name
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    return f"a {model.config.model_type} model built in memory ({parameters / 1e6:.2f}M parameters)"
+
+
+def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metrics=None) -> ModelCard:
+    """The model card of `trainer`'s run, as TRL's `create_model_card` gathers it (base model, tags, tracker links,
+    framework versions), rendered from this package's template with what a Hub visitor needs to load and judge it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
+
+    from .config import SeedGRPOConfig
+    from .tiny import BASE_MODEL_DIR
+
+    args, model = trainer.args, trainer.model
+    output_dir = Path(args.output_dir).resolve()
+    name_or_path = getattr(model.config, "_name_or_path", "") or None
+    is_peft = hasattr(model, "peft_config")
+    saved_base = name_or_path == str(output_dir / BASE_MODEL_DIR)
+    # TRL's tag rules: the trainer's tags, the caller's, and the Trackio run's link.
+    tags = [tags] if isinstance(tags, str) else list(tags or [])
+    tags += [tag for tag in trainer._tag_names if tag not in tags]
+    trackers = []
+    if (trackio_url := get_trackio_space_url()) is not None:
+        tags.append(f"trackio:{trackio_url}")
+        trackers.append(("Trackio", trackio_url))
+    wandb_run = getattr(sys.modules.get("wandb"), "run", None)
+    if wandb_run is not None:
+        trackers.append(("Weights & Biases", wandb_run.url))
+    if (comet_url := get_comet_experiment_url()) is not None:
+        trackers.append(("Comet", comet_url))
+    card_metrics = {}
+    for key in ("reward", "seeds/seeded_group_share", "seeds/reward_seeded", "seeds/reward_unseeded"):
+        # TRL logs None for a window where every value was NaN (e.g. a reward that returned None for a whole
+        # batch): such windows have no mean to contribute.
+        values = [h[key] for h in trainer.state.log_history if isinstance(h.get(key), (int, float))]
+        values = [value for value in values if not math.isnan(value)]
+        if values:
+            card_metrics[f"{key} (mean over training)"] = sum(values) / len(values)
+    versions = []
+    for label, distribution in FRAMEWORKS:
+        if distribution == "peft" and not is_peft:
+            continue
+        try:
+            versions.append((label, version(distribution)))
+        except PackageNotFoundError:
+            continue
+    pushed = args.push_to_hub and getattr(trainer, "hub_model_id", None)
+    return render_model_card(
+        base_model=None if saved_base else name_or_path,
+        model_name=model_name or output_dir.name,
+        repo_ref=trainer.hub_model_id if pushed else str(output_dir),
+        dataset_name=dataset_name,
+        seed_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
+        is_peft=is_peft,
+        seed_config={f.name: getattr(args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
+        metrics={**card_metrics, **(metrics or {})},
+        hyperparameters={name: getattr(args, name) for name in HYPERPARAMETERS if hasattr(args, name)},
+        license=args.card_license,
+        tags=tags,
+        base_description=None if name_or_path and not saved_base else model_name_of(model),
+        base_subfolder=BASE_MODEL_DIR if is_peft and saved_base else None,
+        example_prompt=_first_prompt(trainer.train_dataset),
+        max_new_tokens=args.max_completion_length,
+        num_processes=trainer.accelerator.num_processes,
+        trackers=[(name, url, TRACKER_BADGES[name]) for name, url in trackers],
+        versions=versions,
+    )
+
+
+def _first_prompt(dataset) -> str | list | None:
+    """The first training prompt, as the card's example input (text, or a conversation's messages)."""
+    try:
+        prompt = dataset[0]["prompt"]
+    except Exception:  # noqa: BLE001 - no dataset, an iterable one, no prompt column: the card uses a plain example
+        return None
+    return prompt if isinstance(prompt, (str, list)) else None
 
 
 def render_dataset_card(
@@ -153,7 +336,7 @@ def render_dataset_card(
     folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
     steps = sorted(set(steps))
     card_data = DatasetCardData(
-        license=license,
+        **license_metadata(license, model if _is_hub_id(model) else None),
         pretty_name=f"Thinking Seeds rollouts of {model}",
         size_categories=[_size_category(num_rows)],
         task_categories=["text-generation"],
@@ -230,16 +413,18 @@ def _is_hub_id(name: str | None) -> bool:
 
 
 def _hub_link(repo_id: str | None, kind: str = "model") -> str | None:
-    """A Markdown link to a Hub repo, or the name in backticks when it is a local path rather than a Hub id."""
+    """A Markdown link to a Hub repo, a local path in backticks, or a description (of a model built in memory)."""
     if not repo_id:
         return None
     if _is_hub_id(repo_id):
         prefix = "datasets/" if kind == "dataset" else ""
         return f"[{repo_id}](https://huggingface.co/{prefix}{repo_id})"
-    return f"`{repo_id}`"
+    return f"`{repo_id}`" if "/" in repo_id or Path(repo_id).exists() else repo_id
 
 
 def _format_value(value) -> str:
+    if isinstance(value, enum.Enum):  # transformers' SchedulerType, OptimizerNames, ...
+        value = value.value
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return str(value)

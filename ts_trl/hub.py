@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -33,6 +34,11 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 class SeedHubPusher:
     """Uploads seed shards to a Hub dataset repo from a background thread, so that training never waits on the network.
+
+    The thread is this class's own rather than huggingface_hub's: `HfApi.run_as_future` runs uploads on an executor
+    thread that the interpreter joins at exit, so a stalled upload would hold the end of a run until the request ends;
+    `CommitScheduler` creates the repo in its constructor (a run with no network would stop before training) and
+    pushes again, blocking, at exit. A daemon thread with retries and a bounded `close` keeps both promises.
 
     Each `submit` becomes one commit that adds `data/<shard name>` and refreshes `README.md` (the dataset card, whose
     `configs:` block lets `datasets.load_dataset(repo_id)` read every shard). A failed push is retried with exponential
@@ -275,6 +281,24 @@ class SeedHubPusher:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "<token>") if self._secret else text
+
+
+class HubUnreachableError(ConnectionError):
+    """The Hub could not be reached or refused a model-repo operation; its message is one line that says what to do."""
+
+
+@contextlib.contextmanager
+def one_line_hub_errors(action: str, fix: str):
+    """Turns a network or Hub failure inside the block into a `HubUnreachableError` of one line: what could not be
+    done (`action`), where, why, and `fix`. The client's own traceback (some 80 lines ending in a `ConnectError`)
+    is left out: it says nothing a user can act on beyond its last line, which the message keeps."""
+    try:
+        yield
+    except (HfHubHTTPError, httpx2.TransportError, ConnectionError, TimeoutError) as error:
+        if isinstance(error, HubUnreachableError):
+            raise
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise HubUnreachableError(f"Could not {action} on the Hub at {_endpoint()} ({reason}). {fix}") from None
 
 
 class PublicRepoError(ValueError):

@@ -18,13 +18,13 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trl import ScriptArguments, TrlParser
 
 from .collectives import is_deepspeed
+from .flags import store_help, wants_help
 from .resources import packaged_file
 
 logger = logging.getLogger(__name__)
@@ -158,19 +158,51 @@ class SeedScriptArguments(ScriptArguments):
 # Arguments
 
 
+TRAIN_DESCRIPTION = (
+    "Trains with Thinking Seeds: TRL's GRPO flags plus the seeding ones. Without --model_name_or_path and a dataset it "
+    "runs the embedded default (the built-in task and the package's tiny model, offline on CPU), which changes the "
+    "defaults marked 'embedded default' below (the shipped recipe `embedded` holds them)."
+)
+
+
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None) -> TrlParser:
-    """The parser of `ts_trl train` (a subcommand of `subparsers` when given), as TRL's scripts build theirs."""
+    """The parser of `ts_trl train` (a subcommand of `subparsers` when given), as TRL's scripts build theirs.
+
+    Its help shows the defaults of TRL's fields as they hold in general, each with the embedded default's value where
+    that differs, and lists `--config`.
+    """
     from trl import ModelConfig
 
     from .config import SeedGRPOConfig
+    from .flags import DefaultsHelpFormatter
 
-    dataclass_types = (SeedScriptArguments, SeedGRPOConfig, ModelConfig)
+    kwargs = {
+        "dataclass_types": (SeedScriptArguments, SeedGRPOConfig, ModelConfig),
+        "formatter_class": DefaultsHelpFormatter,
+        "description": TRAIN_DESCRIPTION,
+        "usage": "%(prog)s [--config RECIPE] [--<flag> VALUE ...]",
+    }
     if subparsers is not None:
-        return subparsers.add_parser(
-            "train", help="train with Thinking Seeds (the embedded default without arguments)",
-            dataclass_types=dataclass_types,
-        )  # fmt: skip
-    return TrlParser(dataclass_types, prog=prog)
+        parser = subparsers.add_parser("train", help=TRAIN_DESCRIPTION.split(":")[0], **kwargs)
+    else:
+        parser = TrlParser(prog=prog, **kwargs)
+    # TrlParser reads --config itself before argparse parses; declared here so that --help lists it, first.
+    config = parser.add_argument(
+        "--config",
+        metavar="RECIPE",
+        default=argparse.SUPPRESS,
+        help="A recipe: a YAML file of these flags, or a shipped recipe's name ("
+        + ", ".join(_shipped_names("recipes"))
+        + "). Flags on the command line override it.",
+    )
+    parser._optionals._group_actions.remove(config)
+    parser._optionals._group_actions.insert(1, config)  # after -h
+    for action in parser._actions:
+        if action.dest in EMBEDDED_DEFAULTS and EMBEDDED_DEFAULTS[action.dest] != action.default:
+            embedded = EMBEDDED_DEFAULTS[action.dest]
+            embedded = " ".join(embedded) if isinstance(embedded, list) else embedded
+            action.help = f"{action.help or ''} (default: %(default)s; embedded default: {embedded})".lstrip()
+    return parser
 
 
 def parse_args(parser: TrlParser, argv: list[str] | None = None):
@@ -180,6 +212,12 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     Unknown recipe keys and flags raise `ConfigError`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv) and "--config" not in argv:
+        # The general defaults, not the embedded default's or this machine's; saved for the next --help.
+        text = parser.format_help()
+        store_help(parser.prog, text)
+        print(text, end="")
+        raise SystemExit(0)
     recipe = {}
     if "--config" in argv:
         index = argv.index("--config") + 1
@@ -191,7 +229,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         recipe = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(recipe, dict):
             raise ConfigError(f"--config {path}: a recipe must be a YAML mapping of argument names to values.")
-    known = {action.dest for action in parser._actions} | {"env"}
+    known = ({action.dest for action in parser._actions} - {"config"}) | {"env"}
     unknown = sorted(set(recipe) - known)
     if unknown:
         import difflib
@@ -280,7 +318,12 @@ def check_output_dir(training_args) -> None:
     from transformers.trainer_utils import get_last_checkpoint
 
     output_dir = Path(training_args.output_dir)
-    if training_args.resume_from_checkpoint or not output_dir.is_dir():
+    if training_args.resume_from_checkpoint:
+        from .snapshots import check_resume_checkpoint
+
+        check_resume_checkpoint(training_args.resume_from_checkpoint, output_dir)
+        return
+    if not output_dir.is_dir():
         return
     last = get_last_checkpoint(str(output_dir))
     manifest = output_dir / "seeds" / "manifest.json"
@@ -440,14 +483,14 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     from trl import get_peft_config, get_quantization_config
 
     from . import SeedGRPOTrainer
+    from .console import use_compact_console
     from .data import load_training_data
+    from .embedded.cpu import embedded_training_threads, torch_threads
     from .report import held_out_pass_at_1, report_run
     from .rewards import check_reward_columns, get_reward_funcs
     from .snapshots import SaveOnInterrupt
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    # TRL 1.16 still calls the transformers 5 names deprecated for v6; the warning repeats at every step.
-    warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6", category=FutureWarning)
     start = time.time()
     embedded = is_embedded_task(script_args)
     with fail_clearly():
@@ -461,6 +504,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
         reward_funcs = get_reward_funcs(script_args.reward_funcs or ["embedded"])
         check_reward_columns(train_dataset, reward_funcs)
         interrupt = SaveOnInterrupt()
+        curve = learning_curve(script_args, training_args, eval_dataset) if embedded else None
         trainer = SeedGRPOTrainer(
             model=model,
             reward_funcs=reward_funcs,
@@ -472,9 +516,12 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit/--load_in_8bit
             # A Ctrl-C save is a checkpoint like any other, with its seed shard; the learning curve is the built-in
             # task's held-out pass@1 every few steps (learning_curve.png).
-            callbacks=[interrupt] + ([learning_curve(script_args, training_args, eval_dataset)] if embedded else []),
+            callbacks=[interrupt] + ([curve] if curve else []),
         )
         interrupt.accelerator = trainer.accelerator
+        if curve:
+            curve.report_through(trainer)  # held-out pass@1 reaches every report_to tracker
+        use_compact_console(trainer)  # one line per logging step; every metric still reaches report_to
         if training_args.resume_from_checkpoint and training_args.seed_method != "none":
             trainer.seed_store.resume_shards(training_args.resume_from_checkpoint)  # one line, not a traceback
     trainer.accelerator.print(
@@ -482,14 +529,19 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     )
     samples = script_args.embedded_eval_samples
     before = held_out_pass_at_1(trainer, eval_dataset, samples) if embedded else None
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    with torch_threads(embedded_training_threads() if embedded else None):
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     after = held_out_pass_at_1(trainer, eval_dataset, samples) if embedded else None
 
     trainer.save_model(training_args.output_dir)
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
     card = {"dataset_name": script_args.dataset_name, "metrics": {k: v for k, v in metrics.items() if v is not None}}
+    push_error = None
     if training_args.push_to_hub:
-        trainer.push_to_hub(**card)  # writes the model card through create_model_card, then uploads
+        try:
+            trainer.push_to_hub(**card)  # writes the model card through create_model_card, then uploads
+        except ConnectionError as error:  # the model is saved: report the run, then the failed push
+            push_error = error
     else:
         trainer.create_model_card(**card)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)
@@ -500,6 +552,9 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             f"  {resume_command(report['last_checkpoint'])}"
         )
         return INTERRUPTED_STATUS
+    if push_error is not None:
+        print(f"{_prog()}: error: {push_error}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

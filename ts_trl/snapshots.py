@@ -596,6 +596,33 @@ def checkpoint_step(checkpoint: str | os.PathLike) -> int:
     raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")
 
 
+def check_resume_checkpoint(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> None:
+    """Fails with one line when `checkpoint` is not a checkpoint folder, naming the checkpoints that do exist.
+
+    Checked before the model is loaded (`ts_trl train`) and before `train` rebuilds the seed bank, whose own
+    complaints (no seed manifest, no weights) would hide the real mistake: a mistyped or deleted checkpoint.
+    """
+    path = Path(checkpoint).expanduser()
+    if path.is_dir() and (path / "trainer_state.json").is_file():
+        return
+    problem = "does not exist" if not path.exists() else "is not a checkpoint folder (it has no trainer_state.json)"
+    # The checkpoints beside the one asked for, else those of this run's output_dir.
+    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path(output_dir)
+    found = sorted(
+        (p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / "trainer_state.json").is_file()),
+        key=lambda p: checkpoint_step(p),
+    )
+    existing = (
+        f"the checkpoints in {folder} are {', '.join(p.name for p in found)}"
+        if found
+        else f"{folder} holds no checkpoint"
+    )
+    raise ValueError(
+        f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
+        "resume_from_checkpoint unset to start a new run."
+    )
+
+
 class SeedSnapshotCallback(TrainerCallback):
     """Writes a shard every `seed_snapshot_steps` steps and at the end, and records each checkpoint's shards.
 

@@ -2,16 +2,26 @@
 
 They serve the embedded default (`train.py` with no model) and the test-suite: every printable ASCII character and
 the newline is one token, so any text round-trips exactly and sequence lengths are easy to reason about.
+
+The tokenizer is stored as a byte-level BPE with no merges, the form of Qwen2's own tokenizer: `AutoTokenizer` and
+`pipeline()` load a saved Qwen2 folder with `Qwen2Tokenizer` whatever class the folder names, and rebuild its
+pre-tokenizer and decoder as Qwen2's. With byte-level tokens and no merges that rebuilt tokenizer splits text into the
+same single characters, with the same ids, as the one built here; a character-level vocabulary would lose its spaces
+and newlines there.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import string
+import tempfile
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
@@ -29,11 +39,18 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Returns the character-level tokenizer (vocabulary of 100 tokens: 4 special, 96 characters)."""
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
+    """Returns the character-level tokenizer (vocabulary of 100 tokens: 4 special, 96 characters).
+
+    Character `c` has id `4 + CHARACTERS.index(c)`; its token is spelled as byte-level BPE spells it (`Ġ` for a
+    space, `Ċ` for a newline, the character itself for the other 94). A character outside the vocabulary is
+    `<unk>` here (one per UTF-8 byte) and is dropped by `Qwen2Tokenizer`, which has no unknown token.
+    """
+    byte_level = bytes_to_unicode()
+    tokens = SPECIAL_TOKENS + tuple(byte_level[ord(character)] for character in CHARACTERS)
+    vocab = {token: index for index, token in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
     hf_tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
     )
@@ -42,11 +59,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def load_tokenizer(path) -> PreTrainedTokenizerFast:
-    """Loads a saved tokenizer; one saved as a plain `tokenizer.json` (like ours) comes back exactly as saved.
+    """Loads a saved tokenizer; one saved as a plain `tokenizer.json` comes back exactly as saved.
 
     `AutoTokenizer` picks the tokenizer class registered for the model's architecture when a `config.json` sits
-    beside it (transformers 5 forces `Qwen2Tokenizer` for `qwen2`), whose own pre-tokenizer replaces the saved one and
-    silently changes the ids (spaces vanish with the character tokenizer).
+    beside it (transformers 5 forces `Qwen2Tokenizer` for `qwen2`), whose own pre-tokenizer replaces the saved one.
+    The tokenizer built here survives that, but folders saved with the earlier character-level vocabulary (spelled
+    `" "` and `"\\n"` rather than `Ġ` and `Ċ`) would silently lose their spaces and newlines through it.
     """
     from transformers import AutoTokenizer
 
@@ -85,7 +103,14 @@ def build_tiny_model(
         model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    # What cards and seed datasets call it: it has no Hub id or path (see `ts_trl.cards.model_name_of`).
+    model.ts_trl_description = describe_tiny_model(model, "built in memory")
     return model
+
+
+def describe_tiny_model(model, how: str) -> str:
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    return f"ts_trl's tiny Qwen2 model ({parameters / 1e6:.2f}M parameters, {how})"
 
 
 def save_model_from_this_rank(model, folder) -> None:
@@ -110,3 +135,44 @@ def save_model_from_this_rank(model, folder) -> None:
             stored.add(tensor.data_ptr())
             weights[name] = tensor.detach().contiguous()
     save_file(weights, Path(folder) / "model.safetensors", metadata={"format": "pt"})
+
+
+BASE_MODEL_DIR = "base_model"
+
+
+def save_base_for_adapter(model, tokenizer, output_dir, peft_config) -> Path | None:
+    """With a `peft_config`, saves a model built in memory to `<output_dir>/base_model` and names it there.
+
+    PEFT writes the base model's `name_or_path` into every `adapter_config.json`; a model built in memory (the embedded
+    default's warm model, or one made from a config) has none, and its adapter could not be loaded by anyone. Saved
+    here, `PeftModel`/`AutoPeftModelForCausalLM` find the base by that absolute path, and the folder travels with the
+    run (a Hub repo gets it as its `base_model/` subfolder). Returns the folder, or None when nothing was saved.
+    """
+    if (
+        peft_config is None
+        or isinstance(model, str)
+        or getattr(model.config, "_name_or_path", "")
+        or hasattr(model, "peft_config")
+    ):
+        return None
+    from accelerate import PartialState
+
+    folder = (Path(output_dir) / BASE_MODEL_DIR).resolve()
+    state = PartialState()
+    if state.is_main_process:
+        # Written beside and renamed into place, so a crash never leaves a torn base under an adapter that names it.
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        save_model_from_this_rank(model, temporary)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(temporary)
+        previous = folder.with_name(f".{folder.name}-previous")
+        if folder.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+            os.rename(folder, previous)
+        os.rename(temporary, folder)
+        shutil.rmtree(previous, ignore_errors=True)
+    state.wait_for_everyone()
+    # PEFT reads the name from the model's own `name_or_path`, which `from_pretrained` sets beside the config's.
+    model.config._name_or_path = model.name_or_path = str(folder)
+    return folder

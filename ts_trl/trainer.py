@@ -36,7 +36,6 @@ the `num_generations` continuations of the same cut.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -47,12 +46,13 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from .backends import SeededBackend, replaced
-from .cards import THINKING_SEEDS_CITATION, render_model_card
+from .cards import THINKING_SEEDS_CITATION, model_card_for, model_name_of
 from .checks import check_one_generation_fits, check_seedable_dataset, check_single_turn, check_success_reward
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .config import SeedGRPOConfig
 from .cutting import SeedSplicer, boundary_token_ids
 from .group_signal import log_zero_std_shares, zero_std_shares
+from .hub import one_line_hub_errors
 from .old_tokens import old_token_inputs, weight_old_tokens
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .schedule import SeedingWatch, check_seeding
@@ -61,11 +61,13 @@ from .seed_metrics import generated_length_metrics, seed_metrics
 from .snapshots import (
     SeedSnapshotCallback,
     SeedStore,
+    check_resume_checkpoint,
     load_seed_table,
     local_seed_dataset,
     sampling_settings,
     tokenizer_fingerprint,
 )
+from .tiny import save_base_for_adapter
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo
 
 
@@ -92,6 +94,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         share_process_group_with_deepspeed()
+        # An adapter of a model built in memory must name a base that can be loaded: it is saved in output_dir.
+        save_base_for_adapter(model, kwargs.get("processing_class"), args.output_dir, kwargs.get("peft_config"))
         schedule = check_seeding(args, train_dataset)  # before any model or vLLM work: a run that cannot seed stops
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusals below.
@@ -143,7 +147,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         return SeedStore(
             args.output_dir,
             self.accelerator,
-            model_name=getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__,
+            model_name=model_name_of(self.model),
             tokenizer_fp=tokenizer_fp,
             reward_names=names,
             external_seeds=external_seeds,
@@ -164,6 +168,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self.seed_store.bank
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        if isinstance(resume_from_checkpoint, (str, os.PathLike)):
+            check_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if self.args.seed_method != "none":
             checkpoint = resume_from_checkpoint
             if checkpoint is True:
@@ -384,43 +390,32 @@ class SeedGRPOTrainer(GRPOTrainer):
         """
         if not self.is_world_process_zero():
             return
-        name_or_path = getattr(self.model.config, "_name_or_path", None)
-        card_metrics = {}
-        for key in ("reward", "seeds/seeded_group_share", "seeds/reward_seeded", "seeds/reward_unseeded"):
-            # TRL logs None for a window where every value was NaN (e.g. a reward that returned None for a whole
-            # batch): such windows have no mean to contribute.
-            values = [h[key] for h in self.state.log_history if isinstance(h.get(key), (int, float))]
-            values = [value for value in values if not np.isnan(value)]
-            if values:
-                card_metrics[f"{key} (mean over training)"] = float(np.mean(values))
-        card = render_model_card(
-            base_model=name_or_path or None,
-            model_name=model_name or Path(self.args.output_dir).name,
-            hub_model_id=self.args.hub_model_id if self.args.push_to_hub else None,
-            dataset_name=dataset_name,
-            seed_dataset_id=self.args.hub_seed_dataset_id if self.args.push_seeds_to_hub else None,
-            is_peft=hasattr(self.model, "peft_config"),
-            seed_config={f.name: getattr(self.args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
-            metrics={**card_metrics, **(metrics or {})},
-            license=self.args.card_license,
-            tags=[tags] if isinstance(tags, str) else (tags or []),
-            tokenizer_class=_tokenizer_class_to_load(self._tokenizer),
-        )
+        card = model_card_for(self, model_name=model_name, dataset_name=dataset_name, tags=tags, metrics=metrics)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
+    # ----------------------------------------------------------------------------------------------------------------
+    # The model repo: the model, its card and tokenizer; the seeds go to their own dataset repo
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        repo = self.args.hub_model_id or Path(self.args.output_dir).absolute().name
+        with one_line_hub_errors(
+            f"create the model repo {repo!r} (push_to_hub)",
+            "Check the network, HF_ENDPOINT and `hf auth whoami`, or train without push_to_hub and upload the "
+            f"output_dir later with `hf upload {repo} <output_dir> --exclude 'seeds/*'`.",
+        ):
+            super().init_hf_repo(token=token, private=private)
+
     def push_to_hub(self, *args, **kwargs):
-        with seeds_kept_out_of_model_repo():
+        with (
+            one_line_hub_errors(
+                f"push {self.args.output_dir} to the model repo {self.hub_model_id!r}",
+                f"The model is saved in {self.args.output_dir}; upload it later with "
+                f"`hf upload {self.hub_model_id} {self.args.output_dir} --exclude 'seeds/*'`.",
+            ),
+            seeds_kept_out_of_model_repo(),
+        ):
             return super().push_to_hub(*args, **kwargs)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         with seeds_kept_out_of_model_repo():
             return super()._push_from_checkpoint(checkpoint_folder)
-
-
-def _tokenizer_class_to_load(tokenizer) -> str:
-    """What a card's snippet should load the tokenizer with: `AutoTokenizer`, unless the tokenizer is of the generic
-    fast class (e.g. `ts_trl.tiny`'s), which `AutoTokenizer` would swap for the class registered for the
-    architecture (transformers 5 does so next to a Qwen2 `config.json`, dropping the character tokenizer's spaces)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return "PreTrainedTokenizerFast" if type(tokenizer) is PreTrainedTokenizerFast else "AutoTokenizer"

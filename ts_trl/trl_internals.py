@@ -24,6 +24,7 @@ TRL_HOOKS = (
     "_tokenize_prompts",
     "_save_checkpoint",
     "_push_from_checkpoint",
+    "init_hf_repo",
 )
 
 TRL_INTERNALS = {

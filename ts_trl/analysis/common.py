@@ -64,9 +64,9 @@ def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
     base = adapter.get("base_model_name_or_path")
     if not base:
         raise InputError(
-            f"{role} {str(folder)!r} is a LoRA adapter whose base model was built in memory (the embedded default "
-            "with --use_peft), so it names no base to load it on. Train the embedded default without --use_peft to "
-            "analyse its checkpoints."
+            f"{role} {str(folder)!r} is a LoRA adapter whose base model was built in memory, so it names no base "
+            "to load it on (ts_trl saves such a base in the run's base_model/ folder; this adapter was written "
+            "without one). Set base_model_name_or_path in its adapter_config.json to the base model's folder."
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(base)
@@ -245,11 +245,18 @@ def sample_continuations(
     batch_size: int = 64,
     sampling: Sampling = Sampling(),
     desc: str = "sampling",
+    streams: Sequence[int] | None = None,
+    offsets: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Samples one continuation per context (token ids), each cut at its budget and after its first EOS.
 
     Sampling follows `sampling` (temperature, top-k, top-p, min-p, repetition penalty) as the run's generation did,
     and is deterministic given `rng_seed`; a temperature of 0 is greedy.
+
+    With `streams`, sampling uses common random numbers: context `i` draws the token at response position
+    `offsets[i] + t` (`offsets` defaults to 0) from the uniform number that `rng_seed`, `streams[i]` and that position
+    fix, by inverting the cumulative distribution. The same context, stream and offset then give the same tokens under
+    the same model, in any batch or call, and the same stream under two models gives them the same random numbers.
     """
     import torch
     from tqdm.auto import tqdm
@@ -258,6 +265,10 @@ def sample_continuations(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     results: list[list[int]] = [[] for _ in contexts]
     order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]))  # similar lengths share a batch
+    common = streams is not None and sampling.temperature > 0
+    if common:
+        offsets = list(offsets) if offsets is not None else [0] * len(contexts)
+        positions = max(offsets, default=0) + max(budgets, default=0)
     with torch.random.fork_rng(), torch.no_grad():
         torch.manual_seed(rng_seed)
         for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
@@ -270,18 +281,26 @@ def sample_continuations(
             for row, i in enumerate(batch):
                 input_ids[row, width - len(contexts[i]) :] = torch.tensor(list(contexts[i]))
                 attention_mask[row, width - len(contexts[i]) :] = 1
+            if common:
+                uniforms = [stream_uniforms(rng_seed, streams[i], positions) for i in batch]
+                draw = InverseCdfSampling(uniforms, [offsets[i] for i in batch], width)
+                how = {"do_sample": False, "logits_processor": _truncation(sampling, temperature=True) + [draw]}
+            else:
+                how = {
+                    "do_sample": sampling.temperature > 0,
+                    "temperature": sampling.temperature if sampling.temperature > 0 else None,
+                    "top_k": sampling.top_k,
+                    "top_p": sampling.top_p,
+                    "min_p": sampling.min_p,
+                }
             output = model.generate(
                 input_ids=input_ids.to(model.device),  # the model may sit on an accelerator
                 attention_mask=attention_mask.to(model.device),
                 max_new_tokens=max(budgets[i] for i in batch),
-                do_sample=sampling.temperature > 0,
-                temperature=sampling.temperature if sampling.temperature > 0 else None,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                min_p=sampling.min_p,
                 repetition_penalty=sampling.repetition_penalty,
                 pad_token_id=pad,
                 eos_token_id=eos,
+                **how,
             )
             for row, i in enumerate(batch):
                 ids = output[row, width:].tolist()[: budgets[i]]
@@ -331,11 +350,57 @@ def token_logprobs(
     return results
 
 
-def _truncation(sampling: Sampling):
-    """transformers' own top-k / top-p / min-p warpers, so that scoring truncates exactly as `generate` samples."""
-    from transformers import LogitsProcessorList, MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+def stream_uniforms(rng_seed: int, stream: int, positions: int):
+    """The uniform numbers of one common-random-numbers stream, one per response position (see sample_continuations)."""
+    import numpy as np
+
+    return np.random.default_rng([rng_seed, stream]).random(positions)
+
+
+class InverseCdfSampling:
+    """A `generate` logits processor that samples each row from its own uniform numbers, leaving one token to pick.
+
+    Given the processed scores (temperature and truncation applied before it), row `b` takes the first token whose
+    cumulative probability exceeds its uniform number for the position it writes; greedy decoding then picks that
+    token. Inverse-CDF sampling draws from the same distribution as multinomial sampling.
+    """
+
+    def __init__(self, uniforms: Sequence, offsets: Sequence[int], prompt_width: int):
+        import numpy as np
+        import torch
+
+        self.uniforms = torch.as_tensor(np.stack(uniforms))
+        self.offsets = torch.as_tensor(list(offsets))
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        rows = torch.arange(scores.shape[0])
+        u = self.uniforms[rows, self.offsets + input_ids.shape[1] - self.prompt_width].to(torch.float64)
+        cdf = torch.softmax(scores.to(torch.float64), dim=-1).cumsum(dim=-1)
+        picked = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1).clamp(max=scores.shape[1] - 1)
+        chosen = torch.full_like(scores, -math.inf)
+        chosen[rows, picked.to(scores.device)] = 0.0
+        return chosen
+
+
+def _truncation(sampling: Sampling, temperature: bool = False):
+    """transformers' own top-k / top-p / min-p warpers, so that scoring truncates exactly as `generate` samples.
+
+    With `temperature`, the temperature warper comes first, as `generate` orders them when it samples.
+    """
+    from transformers import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     warpers = LogitsProcessorList()
+    if temperature and sampling.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
     if sampling.top_k:
         warpers.append(TopKLogitsWarper(sampling.top_k))
     if sampling.top_p < 1.0:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..flags import accept_both_spellings
 from .common import InputError, output_dir, quiet_libraries, run_command, save_figure, write_csv
 from .stats import ALPHA, POWER, holm, paired_t
 
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="A recipe (file or shipped name): run the methods on its model, data and rewards instead of the built-in "
         "task. `ts_trl compare --config <recipe> --help` lists what it takes.",
     )
-    return parser
+    return accept_both_spellings(parser)
 
 
 def budget_from(args) -> Budget:
@@ -164,18 +165,18 @@ def budget_from(args) -> Budget:
         "n_probe",
     ):
         if getattr(budget, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(budget, name)}.")
+            raise InputError(f"--{name} must be positive, got {getattr(budget, name)}.")
     if budget.n_train < budget.prompts_per_step:
         raise InputError(
-            f"--n-train must be at least the {budget.prompts_per_step} prompts one step draws, got {budget.n_train}."
+            f"--n_train must be at least the {budget.prompts_per_step} prompts one step draws, got {budget.n_train}."
         )
     if budget.steps * budget.prompts_per_step <= budget.n_train and set(args.methods) - {BASELINE}:
         raise InputError(
             f"--steps {budget.steps} x {budget.prompts_per_step} prompts never brings a training prompt back out of "
-            f"{budget.n_train}, so no run would find a seed; raise --steps or lower --n-train."
+            f"{budget.n_train}, so no run would find a seed; raise --steps or lower --n_train."
         )
     if not 0.0 < args.seed_fraction <= 1.0:
-        raise InputError(f"--seed-fraction must lie in (0, 1], got {args.seed_fraction}.")
+        raise InputError(f"--seed_fraction must lie in (0, 1], got {args.seed_fraction}.")
     if args.jobs < 1:
         raise InputError(f"--jobs must be positive, got {args.jobs}.")
     return budget

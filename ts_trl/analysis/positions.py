@@ -11,7 +11,7 @@ policy p, both read at the run's sampling temperature, and `d = log p(token) - l
   averaged: the divergence a restart at that cut has accumulated (what bounds the state-distribution mismatch);
 - `coverage`: `E_q[min(1, p(prefix) / q(prefix))]` over the prefixes cut at the bucket's end (`prefix_overlap`),
   the share of the seeds' prefix mass the current policy still reaches: 1 when p = q at any depth, falling as p
-  moves away; `share_ratio_ge_c`: the share of those prefixes with `p(prefix) / q(prefix) >= c` (`--min-ratio`).
+  moves away; `share_ratio_ge_c`: the share of those prefixes with `p(prefix) / q(prefix) >= c` (`--min_ratio`).
 
 The same statistics over whole generated parts, grouped by seed age (checkpoint step minus the rollout's step), go
 to `positions_by_age.csv`. Run `ts_trl positions --help`.
@@ -26,6 +26,7 @@ import sys
 
 import numpy as np
 
+from ..flags import accept_both_spellings
 from ..snapshots import checkpoint_step, load_seed_table, resolve_seed_dataset, tokenizer_fingerprint
 from .common import (
     InputError,
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, help="Folder of the current checkpoint.")
     parser.add_argument("--buckets", type=int, default=10, help="Number of relative-position buckets.")
     parser.add_argument(
-        "--min-ratio",
+        "--min_ratio",
         type=float,
         default=0.1,
         help="c of the share_ratio_ge_c column: share of prefixes with p(prefix) / q(prefix) >= c.",
@@ -62,20 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Sampling temperature of the seeds' run (default: the one its shards record).",
     )
-    parser.add_argument("--max-rollouts", type=int, default=2000, help="Score at most this many rollouts (sampled).")
-    parser.add_argument("--min-length", type=int, default=2, help="Skip rollouts that generated fewer tokens.")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max_rollouts", type=int, default=2000, help="Score at most this many rollouts (sampled).")
+    parser.add_argument("--min_length", type=int, default=2, help="Skip rollouts that generated fewer tokens.")
+    parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0, help="Which rollouts are sampled when there are too many.")
-    parser.add_argument("--output-dir", default="positions", help="Where positions.csv and positions.png go.")
-    return parser
+    parser.add_argument("--output_dir", default="positions", help="Where positions.csv and positions.png go.")
+    return accept_both_spellings(parser)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
     if args.buckets < 1 or args.max_rollouts < 1:
-        raise InputError("--buckets and --max-rollouts must be positive.")
+        raise InputError("--buckets and --max_rollouts must be positive.")
     if not args.min_ratio > 0:
-        raise InputError(f"--min-ratio must be positive, got {args.min_ratio}.")
+        raise InputError(f"--min_ratio must be positive, got {args.min_ratio}.")
     quiet_libraries()
     model, tokenizer = load_checkpoint(args.checkpoint, "checkpoint")
     try:

@@ -22,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..flags import accept_both_spellings
 from .common import InputError, output_dir, quiet_libraries
 from .compare import BASELINE, DEFAULT_METHODS, METHODS, PASS_K, SCALAR_ENDPOINTS, Budget, _report, training_log
 
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output-dir", "--output_dir", dest="output_dir", default="compare", help="Where it all goes."
     )
-    return parser
+    return accept_both_spellings(parser)
 
 
 def main(argv: list[str]) -> list[dict]:

@@ -3,7 +3,9 @@
 For every prompt and sample, A writes a whole solution; for each ratio r it is cut at `k = floor(r * len)` (EOS not
 counted, so the prefix never ends the answer; snapped to a line end, as the trainer snaps, with `--cut_at_newline`)
 and B continues from `prompt + A[:k]` with the budget that is left. The reward sees `A[:k] + continuation`. "A alone"
-is the reward of A's whole solutions, "B alone" that of B's own solutions from scratch; both are flat lines.
+is the reward of A's whole solutions, "B alone" that of B's own solutions from scratch; both are flat lines. Every
+condition samples with common random numbers (one stream per prompt and sample, one number per response position), so
+identical conditions give identical figures: B from an empty prefix of A's (r = 0) is "B alone", sample for sample.
 
 A sample passes when its success reward (`--success_reward`, by default the first reward function) is above
 `--success_threshold` (default 0), the rule the trainer's seed selection uses. Pass rates carry 95% Wilson intervals;
@@ -21,6 +23,7 @@ import math
 import sys
 from collections import defaultdict
 
+from ..flags import accept_both_spellings
 from ..snapshots import tokenizer_fingerprint
 from .common import (
     InputError,
@@ -50,8 +53,8 @@ FALLBACK_SAMPLING = Sampling(temperature=1.0, max_completion_length=64)  # for r
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ts_trl relay", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint-a", required=True, help="Folder of the checkpoint that starts the solution.")
-    parser.add_argument("--checkpoint-b", required=True, help="Folder of the checkpoint that finishes it.")
+    parser.add_argument("--checkpoint_a", required=True, help="Folder of the checkpoint that starts the solution.")
+    parser.add_argument("--checkpoint_b", required=True, help="Folder of the checkpoint that finishes it.")
     parser.add_argument(
         "--prompts", default="embedded", help="A .jsonl/.parquet file with prompt and answer, or 'embedded'."
     )
@@ -59,17 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--task", default="add", help="The built-in task whose held-out set 'embedded' means: add, chain."
     )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(DEFAULT_RATIOS), help="Cut ratios in [0, 1).")
-    parser.add_argument("--num-prompts", type=int, default=64, help="Use the first N prompts.")
+    parser.add_argument("--num_prompts", type=int, default=64, help="Use the first N prompts.")
     parser.add_argument("--samples", type=int, default=4, help="Solutions of A per prompt (each relayed at every r).")
     parser.add_argument(
-        "--max-new-tokens",
+        "--max_new_tokens",
         type=int,
         default=None,
         help="Budget of a whole solution, A's part + B's (default: the run's max_completion_length, else 64).",
     )
     parser.add_argument("--temperature", type=float, default=None, help="Default: the run's, else 1.")
-    parser.add_argument("--top-k", type=int, default=None, help="Default: the run's, else 0 (off).")
-    parser.add_argument("--top-p", type=float, default=None, help="Default: the run's, else 1 (off).")
+    parser.add_argument("--top_k", type=int, default=None, help="Default: the run's, else 0 (off).")
+    parser.add_argument("--top_p", type=float, default=None, help="Default: the run's, else 1 (off).")
     parser.add_argument(
         "--cut_at_newline",
         "--cut-at-newline",
@@ -85,34 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--success_reward",
-        "--success-reward",
         default=None,
         help="The reward that decides a pass, by name or function name (default: the first of --reward).",
     )
     parser.add_argument(
         "--success_threshold",
-        "--success-threshold",
         type=float,
         default=0.0,
         help="A sample passes when its success reward is above this.",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="Seed of the sampling and of the bootstrap.")
     parser.add_argument(
-        "--task-seed",
+        "--task_seed",
         type=int,
         default=None,
         help="Seed of the built-in task's train / held-out split (default: the run's training seed).",
     )
-    parser.add_argument("--output-dir", default="relay", help="Where relay.csv, relay_samples.csv, relay.png go.")
-    return parser
+    parser.add_argument("--output_dir", default="relay", help="Where relay.csv, relay_samples.csv, relay.png go.")
+    return accept_both_spellings(parser)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
     ratios = check_ratios(args.ratios)
     if args.samples < 1 or args.num_prompts < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
-        raise InputError("--samples, --num-prompts and --max-new-tokens must be positive.")
+        raise InputError("--samples, --num_prompts and --max_new_tokens must be positive.")
     rewards = resolve_rewards(args.reward)
     success = success_index(args.reward, rewards, args.success_reward)
     quiet_libraries()
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if task_seed is None and (args.prompts == "embedded" or args.prompts.startswith("embedded:")):
         raise InputError(
             "the built-in task's held-out split depends on the run's training seed, which no seed shard of the run "
-            "records; pass --task-seed with that seed."
+            "records; pass --task_seed with that seed."
         )
     rows = load_prompts(args.prompts, args.num_prompts, task_seed or 0, task=args.task)
     warn_training_overlap(rows, list(dict.fromkeys(shards_a + shards_b)))
@@ -195,7 +196,7 @@ def relay_sampling(recorded: Sampling | None, args) -> Sampling:
     if sampling.max_completion_length is None:
         sampling = dataclasses.replace(sampling, max_completion_length=FALLBACK_SAMPLING.max_completion_length)
     if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0:
-        raise InputError("--temperature must be >= 0, --top-p in (0, 1] and --top-k >= 0.")
+        raise InputError("--temperature must be >= 0, --top_p in (0, 1] and --top_k >= 0.")
     return sampling
 
 
@@ -222,18 +223,21 @@ def relay_samples(model_a, model_b, tokenizer, rows, ratios, args, sampling, rew
     sources = [(row, s) for row in rows for s in range(args.samples)]
     budget = sampling.max_completion_length
     full = [budget] * len(contexts)
+    # Common random numbers: sample s of a prompt draws the same uniform number at each response position in every
+    # condition, so identical conditions give identical figures (B from an empty prefix of A's is B alone).
+    streams = list(range(len(contexts)))
     a_solutions = sample_continuations(
-        model_a, tokenizer, contexts, full, args.seed, args.batch_size, sampling, "A alone"
+        model_a, tokenizer, contexts, full, args.seed, args.batch_size, sampling, "A alone", streams
     )
     b_solutions = sample_continuations(
-        model_b, tokenizer, contexts, full, args.seed + 1, args.batch_size, sampling, "B alone"
+        model_b, tokenizer, contexts, full, args.seed, args.batch_size, sampling, "B alone", streams
     )
     boundaries = None
     if sampling.cut_at_newline:
         from ..cutting import boundary_token_ids
 
         boundaries = boundary_token_ids(tokenizer)
-    relay_contexts, relay_budgets, relay_keys = [], [], []
+    relay_contexts, relay_budgets, relay_keys, relay_streams = [], [], [], []
     for index, (context, solution) in enumerate(zip(contexts, a_solutions)):
         text = solution[:-1] if solution and solution[-1] == eos else solution  # EOS is not part of the text
         for ratio in ratios:
@@ -241,8 +245,18 @@ def relay_samples(model_a, model_b, tokenizer, rows, ratios, args, sampling, rew
             relay_contexts.append(context + solution[:k])
             relay_budgets.append(budget - k)
             relay_keys.append((index, ratio, k))
+            relay_streams.append(streams[index])
     continuations = sample_continuations(
-        model_b, tokenizer, relay_contexts, relay_budgets, args.seed + 2, args.batch_size, sampling, "B from A"
+        model_b,
+        tokenizer,
+        relay_contexts,
+        relay_budgets,
+        args.seed,
+        args.batch_size,
+        sampling,
+        "B from A",
+        streams=relay_streams,
+        offsets=[k for _, _, k in relay_keys],
     )
     records = []
     for (row, sample), a_ids, b_ids in zip(sources, a_solutions, b_solutions):

@@ -12,6 +12,8 @@ from ts_trl.embedded.evaluate import pass_at_1
 from ts_trl.embedded.task import embedded_reward
 
 CURVE_PNG, CURVE_CSV = "learning_curve.png", "learning_curve.csv"
+# The name under which the trackers see it: the `eval_` prefix files it under "eval/" in TensorBoard, W&B and trackio.
+PASS_AT_1_METRIC = "eval_held_out_pass@1"
 
 
 class LearningCurve(TrainerCallback):
@@ -21,14 +23,31 @@ class LearningCurve(TrainerCallback):
     optimizer step) go into the output directory. Only the main process evaluates (the others go on to the next
     step's collectives and wait there); under DeepSpeed, whose sharded weights `generate` can't see outside the
     engine, nothing is evaluated and only the training reward is drawn.
+
+    Once `report_through(trainer)` is called, each value during training is also logged through the trainer as
+    `eval_held_out_pass@1`, so that every `report_to` tracker, `log_history` and the console see it.
     """
 
     def __init__(self, eval_set, every: int, num_samples: int, max_new_tokens: int, temperature: float, seed: int):
         self.eval_set, self.every, self.num_samples = eval_set, every, num_samples
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.points: list[tuple[int, str, float]] = []
+        self.log = None
 
-    def _evaluate(self, args, state, model) -> None:
+    def report_through(self, trainer) -> None:
+        from transformers import Trainer
+
+        def log(logs: dict) -> None:
+            # transformers' Trainer.log, not GRPOTrainer.log: that one would fold in (and clear) the training metrics
+            # of the steps since the last logging step. Logging clears `should_log`, which this step's own training
+            # log still needs.
+            should_log = trainer.control.should_log
+            Trainer.log(trainer, logs)
+            trainer.control.should_log = should_log
+
+        self.log = log
+
+    def _evaluate(self, args, state, model, report: bool = True) -> None:
         if not state.is_world_process_zero or is_deepspeed(args) or model is None or not len(self.eval_set):
             return
         if any(step == state.global_step and kind == "held_out_pass@1" for step, kind, _ in self.points):
@@ -44,13 +63,16 @@ class LearningCurve(TrainerCallback):
             seed=self.seed,
         )
         self.points.append((state.global_step, "held_out_pass@1", value))
+        if report and self.log is not None:
+            self.log({PASS_AT_1_METRIC: value})
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         self.tokenizer = processing_class
         self._evaluate(args, state, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.every and state.global_step % self.every == 0:
+        # The last step is scored here, while the trackers are still open (they close in their on_train_end).
+        if (self.every and state.global_step % self.every == 0) or control.should_training_stop:
             self._evaluate(args, state, model)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -58,7 +80,7 @@ class LearningCurve(TrainerCallback):
             self.points.append((state.global_step, "train_reward", float(logs["reward"])))
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        self._evaluate(args, state, model)
+        self._evaluate(args, state, model, report=False)  # a loop that ended without a last step_end
         if state.is_world_process_zero:
             write_curve(self.points, Path(args.output_dir))
 

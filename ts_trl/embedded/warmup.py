@@ -15,7 +15,8 @@ from tqdm.auto import tqdm
 
 from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
-from ts_trl.tiny import build_tiny_model, build_tokenizer, save_model_from_this_rank
+from ts_trl.flags import cache_root
+from ts_trl.tiny import build_tiny_model, build_tokenizer, describe_tiny_model, save_model_from_this_rank
 
 DEFAULT_MODEL_KWARGS = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "max_positions": 256, "seed": 0}
 WEIGHTS = "model.safetensors"  # a cache folder without it is not a cache (see `_save_atomically`)
@@ -23,7 +24,7 @@ CACHE_VERSION = 1  # bump when the training loop changes, so old caches stop mat
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl")) / "warmup"
+    return cache_root() / "warmup"
 
 
 def warm_up(
@@ -57,7 +58,11 @@ def warm_up(
         "version": CACHE_VERSION,
         "model_config": model.config.to_dict(),
         "initial_weights": _weights_digest(model),
-        "vocab": sorted(tokenizer.get_vocab().items()),
+        # The text each id stands for, not the token spellings: the same character vocabulary keys the same cache
+        # however its tokens are spelled (byte-level `Ġ` or a plain space).
+        "vocab": sorted(
+            (tokenizer.convert_tokens_to_string([token]), id) for token, id in tokenizer.get_vocab().items()
+        ),
         "task": vars(task),
         "steps": steps,
         "batch_size": batch_size,
@@ -83,7 +88,9 @@ def build_warm_model(task: EmbeddedTask | None = None, model_kwargs: dict | None
     `model_kwargs` says otherwise), warmed up."""
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, **(DEFAULT_MODEL_KWARGS if model_kwargs is None else model_kwargs))
-    return warm_up(model, tokenizer, task or EmbeddedTask(), **warm_up_kwargs), tokenizer
+    model = warm_up(model, tokenizer, task or EmbeddedTask(), **warm_up_kwargs)
+    model.ts_trl_description = describe_tiny_model(model, "warmed up on the built-in task")
+    return model, tokenizer
 
 
 def _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_ratio, seed, progress):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,12 +15,29 @@ from .math import completion_text
 
 # `.sandbox` is imported where it runs, so that `python -m ts_trl.rewards.sandbox` does not find it imported already.
 
-_FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_LANGUAGE = re.compile(r"[\w+-]*")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """`(language, body)` of each ```-fenced block, left to right: a fence, a language tag and the rest of its line,
+    then the body up to the next ```. One pass with `str.find` (a regex with a lazy body goes quadratic on a long run
+    of backticks, which a policy can emit)."""
+    blocks, position = [], 0
+    while (start := text.find("```", position)) != -1:
+        line_end = text.find("\n", start + 3)
+        if line_end == -1:
+            break
+        end = text.find("```", line_end + 1)
+        if end == -1:
+            break
+        blocks.append((_LANGUAGE.match(text, start + 3, line_end).group(), text[line_end + 1 : end]))
+        position = end + 3
+    return blocks
 
 
 def extract_program(text: str) -> str:
     """The last ```python fenced block, else the last fenced block of any language, else the whole text."""
-    blocks = _FENCE.findall(text)
+    blocks = fenced_blocks(text)
     python = [body for language, body in blocks if language.lower() in ("python", "py", "python3")]
     if python or blocks:
         return (python or [body for _, body in blocks])[-1]
@@ -74,20 +93,26 @@ def normalize_output(text: str) -> list[str]:
 
 
 def _score_stdio(program: str, cases: dict, binary: bool, limits, isolation) -> float | None:
+    """Runs the program once per case, all cases within one `limits.timeout` budget: cases left when it is spent fail
+    (so a program that sleeps just under the timeout in every case costs one timeout, not one per case)."""
     from .sandbox import run_in_sandbox
 
     inputs, outputs = cases.get("inputs") or [], cases.get("outputs") or []
     if not inputs or len(inputs) != len(outputs):
         return None
+    deadline = time.monotonic() + limits.timeout
     passed = 0
     for stdin, expected in zip(inputs, outputs):
-        result = run_in_sandbox(isolation, program, None, str(stdin), limits)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        result = run_in_sandbox(isolation, program, None, str(stdin), dataclasses.replace(limits, timeout=remaining))
         ok = result.ok and normalize_output(result.stdout) == normalize_output(str(expected))
         passed += ok
         if binary and not ok:
             return 0.0
         if result.timed_out:
-            break  # the remaining cases would most likely time out too, each costing a full timeout
+            break
     return passed / len(inputs)
 
 
@@ -118,6 +143,10 @@ def get_code_reward(
 
     def score(completion, tests, entry_point, limits, isolation) -> float | None:
         program = extract_program(completion_text(completion))
+        try:
+            program.encode("utf-8")
+        except UnicodeEncodeError:
+            return 0.0  # a lone surrogate (a broken generation): no program to run; the rest of the batch is scored
         cases = parse_tests(tests)
         if isinstance(cases, dict):
             return _score_stdio(program, cases, mode == "binary", limits, isolation)

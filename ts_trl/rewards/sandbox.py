@@ -1,20 +1,25 @@
 """Runs untrusted Python in a throwaway sandbox; `python -m ts_trl.rewards.sandbox` prints the layers active here."""
 
 # Layers, each used when this machine allows it, because a reward must never let a sampled program touch the host:
-# - `unshare`: new mount, network (loopback only, down) and pid namespaces, as root or inside a user namespace;
+# - `unshare`: new mount, network (loopback only, down), pid, IPC and UTS namespaces, as root or inside a user
+#   namespace; SysV and POSIX IPC objects die with the run;
 # - a filesystem of its own (with a mount namespace): a fresh tmpfs root holding only the Python runtime and the
 #   system libraries read-only, a private size-capped /tmp as its working directory and /dev/{null,zero,urandom};
 #   no home, no project checkout, no caches, no /proc (see `_harness._build_root`);
 # - a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite;
-# - rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
+# - a cgroup per run (memory and pids) where this process may make one, else a single-process program (below);
+# - seccomp, rlimits (CPU, address space, processes, file size, open files, no core dumps) and no_new_privs;
+# - a fresh session keyring per process, and throwaway uids' user keyrings emptied around each run;
 # - a scrubbed environment, a wall-clock timeout that SIGKILLs the whole process group, capped output;
 # - a judge: the tests run in a separate interpreter that talks to the program's only in plain data, and only the
 #   judge can report a verdict (see `_harness.py` for why that is sound).
+# docs/sandbox.md says what each layer stops, and what none does, as measured.
 # bubblewrap does the same namespace work; it is not used, so that one code path runs, and is tested, everywhere.
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
@@ -32,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 logger = logging.getLogger(__name__)
 
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_harness.py")
-NAMESPACES = ("--mount", "--net", "--pid", "--fork", "--kill-child")
+# IPC: SysV shared memory, message queues, semaphores and POSIX message queues of their own, gone with the run.
+NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
 # What the program sees of the host, read-only: the system libraries that the interpreter and its extension modules
 # link against (on merged-/usr systems /lib and /lib64 are symlinks into /usr), plus the interpreter and venv prefixes.
 SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
@@ -54,20 +60,24 @@ class Limits:
 
 @dataclass(frozen=True)
 class Isolation:
-    """Which layers this machine allows: the command prefix that enters the namespaces, and whether to drop uid."""
+    """Which layers this machine allows: the command prefix that enters the namespaces, whether to drop uid, and
+    whether each run gets its own cgroup (memory and process limits for the whole run)."""
 
     prefix: tuple[str, ...] = ()
     drop_uid: bool = False
+    cgroup: bool = False
 
     @property
     def layers(self) -> list[str]:
-        found = ["rlimits", "scrubbed-env", "timeout+killpg", "output-cap", "judge"]
+        found = ["rlimits", "seccomp", "scrubbed-env", "timeout+killpg", "output-cap", "judge"]
         if self.prefix:
-            found[:0] = ["userns+netns+pidns+mountns" if "--user" in self.prefix else "netns+pidns+mountns", "fs-view"]
+            spaces = "netns+pidns+mountns+ipcns"
+            found[:0] = ["userns+" + spaces if "--user" in self.prefix else spaces, "fs-view"]
         else:
             found.insert(1, "tempdir")
         if self.drop_uid:
             found.insert(2 if self.prefix else 0, "throwaway-uid")
+        found.append("cgroup" if self.cgroup else "single-process")
         return found
 
 
@@ -115,6 +125,141 @@ def _exposed_paths() -> tuple[str, ...]:
     paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
     paths |= {path for path in SYSTEM_LIBRARIES if os.path.lexists(path)}
     return tuple(sorted(path for path in paths if not any(path.startswith(other + "/") for other in paths)))
+
+
+# ---------------------------------------------------------------- a cgroup per run
+# `memory_mb` and `max_processes` hold for the whole run (every process, tmpfs and memfd pages, SysV shared memory)
+# only in a cgroup; without one (an ordinary user on cgroup v1, or v2 without delegation) the harness keeps the program
+# to one process and refuses memory outside its address space (see `_harness.REFUSED_WITHOUT_CGROUP`).
+_RUNS = itertools.count()
+CGROUP_FILES = {
+    "memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+    "pids": ("pids.max",),
+    "v2": ("memory.max", "memory.swap.max", "pids.max"),
+}
+OPTIONAL_CGROUP_FILES = {"memory.memsw.limit_in_bytes", "memory.swap.max"}  # absent where swap is not accounted
+
+
+def _cgroup_mounts() -> dict[str, tuple[str, str]]:
+    """`{"memory"|"pids"|"v2": (mount point, hierarchy path mounted there)}` from /proc/self/mountinfo."""
+    mounts = {}
+    with open("/proc/self/mountinfo", encoding="utf-8") as file:
+        for line in file:
+            fields = line.split()
+            tail = fields[fields.index("-") + 1 :]
+            point = fields[4].encode().decode("unicode_escape")
+            if tail[0] == "cgroup2":
+                mounts.setdefault("v2", (point, fields[3]))
+            elif tail[0] == "cgroup":
+                for controller in set(tail[2].split(",")) & {"memory", "pids"}:
+                    mounts.setdefault(controller, (point, fields[3]))
+    return mounts
+
+
+def _own_cgroup(kind: str, mounts: dict) -> str | None:
+    """The folder of this process's cgroup in the hierarchy `kind`, or None."""
+    with open("/proc/self/cgroup", encoding="utf-8") as file:
+        for line in file:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if (kind == "v2" and not controllers) or kind in controllers.split(","):
+                point, mounted = mounts[kind]
+                if path == mounted or path.startswith(mounted.rstrip("/") + "/"):
+                    return os.path.join(point, path[len(mounted.rstrip("/")) :].lstrip("/"))
+    return None
+
+
+@functools.cache
+def _cgroup_parents() -> tuple[tuple[str, str], ...]:
+    """`(kind, folder)` pairs under which this process can make a cgroup per run with a memory and a pids limit:
+    cgroup v1's memory and pids hierarchies (as root), or one cgroup v2 folder (root, or delegated). Empty if none."""
+    try:
+        mounts = _cgroup_mounts()
+        options = [("memory", "pids"), ("v2",)]
+        for kinds in options:
+            if not all(kind in mounts for kind in kinds):
+                continue
+            parents = tuple((kind, _own_cgroup(kind, mounts)) for kind in kinds)
+            if all(folder for _, folder in parents):
+                try:
+                    _remove_cgroups(_make_cgroups(parents, Limits()))
+                    _remove_stale_cgroups(parents)
+                    return parents
+                except OSError as error:
+                    logger.debug("no cgroup per run under %s: %s", parents, error)
+    except (OSError, ValueError, IndexError) as error:
+        logger.debug("cgroups not readable: %s", error)
+    return ()
+
+
+def _remove_stale_cgroups(parents) -> None:
+    """Removes the per-run cgroups that a process killed mid-run (kill -9, OOM) left behind."""
+    for _, parent in parents:
+        for name in os.listdir(parent):
+            if name.startswith("ts_trl_sandbox_") and not _alive(int(name.split("_")[3])):
+                _remove_cgroups([os.path.join(parent, name)])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _make_cgroups(parents, limits: Limits) -> list[str]:
+    """One new cgroup per hierarchy for a run, its memory and process limits set; removed again if any step fails."""
+    name = f"ts_trl_sandbox_{os.getpid()}_{next(_RUNS)}"
+    values = {"memory.limit_in_bytes": limits.memory_mb << 20, "memory.memsw.limit_in_bytes": limits.memory_mb << 20,
+              "memory.max": limits.memory_mb << 20, "memory.swap.max": 0,
+              "pids.max": limits.max_processes + 3}  # fmt: skip  # + the keeper, the judge and the worker
+    made = []
+    try:
+        for kind, parent in parents:
+            folder = os.path.join(parent, name)
+            os.mkdir(folder)
+            made.append(folder)
+            for setting in CGROUP_FILES[kind]:
+                try:
+                    with open(os.path.join(folder, setting), "w") as file:
+                        file.write(str(values[setting]))
+                except FileNotFoundError:
+                    if setting not in OPTIONAL_CGROUP_FILES:
+                        raise
+    except OSError:
+        _remove_cgroups(made)
+        raise
+    return made
+
+
+def _remove_cgroups(folders: list[str]) -> None:
+    """Kills whatever is still in the run's cgroups (processes that left its process group included), then removes
+    them; a cgroup is busy for a moment after its last process died."""
+    for _ in range(200):
+        busy = False
+        for folder in folders:
+            try:
+                with open(os.path.join(folder, "cgroup.procs"), encoding="utf-8") as file:
+                    pids = [int(pid) for pid in file.read().split()]
+            except FileNotFoundError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                os.rmdir(folder)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                busy = True
+        if not busy:
+            return
+        time.sleep(0.005)
+    logger.warning("could not remove the sandbox cgroups %s", folders)
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -180,8 +325,14 @@ def run_in_sandbox(
     started = time.monotonic()
     uid = _FREE_UIDS.get() if isolation.drop_uid else None
     workdir = tempfile.mkdtemp(prefix="ts_trl_sandbox_")
-    pass_fds, verdict_read = [], None
+    pass_fds, verdict_read, cgroups = [], None, []
     try:
+        if isolation.cgroup:
+            cgroups = _make_cgroups(_cgroup_parents(), limits)
+            tmp_mb, worker_memory_mb = limits.tmp_mb, limits.memory_mb
+        else:  # one process: its address space and its /tmp together stay within memory_mb
+            tmp_mb = min(limits.tmp_mb, limits.memory_mb // 4)
+            worker_memory_mb = limits.memory_mb - tmp_mb
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as file:
             file.write(program)
         units_fd = verdict_fd = None
@@ -205,11 +356,18 @@ def run_in_sandbox(
             "root": root,
             "expose": _exposed_paths(),
             "site_packages": _site_packages(),
+            "interpreter": os.path.realpath(sys.executable),  # the binary itself lies in the exposed runtime
             "units_fd": units_fd,
             "verdict_fd": verdict_fd,
             "uid": uid,
             "pid_namespace": bool(isolation.prefix),
-            "limits": {**asdict(limits), "cpu_s": max(1, int(limits.timeout + 0.999))},
+            "cgroups": [os.path.join(folder, "cgroup.procs") for folder in cgroups],
+            "limits": {
+                **asdict(limits),
+                "cpu_s": max(1, int(limits.timeout + 0.999)),
+                "tmp_mb": tmp_mb,
+                "worker_memory_mb": worker_memory_mb,
+            },  # fmt: skip
         }
         command = [*isolation.prefix, sys.executable, "-I", "-S", "-B", HARNESS, json.dumps(config)]
         process = subprocess.Popen(
@@ -255,6 +413,7 @@ def run_in_sandbox(
         for fd in [*pass_fds, verdict_read]:
             if fd is not None:
                 os.close(fd)
+        _remove_cgroups(cgroups)
         shutil.rmtree(workdir, ignore_errors=True)
         if uid is not None:
             _FREE_UIDS.put(uid)
@@ -283,13 +442,14 @@ def detect_isolation() -> Isolation:
     """The strongest isolation that works here, probed once; logs the active layers (a warning when degraded)."""
     root = os.geteuid() == 0
     unshare = shutil.which("unshare")
-    candidates = []
+    prefixes = []
     if unshare:
         if root:
-            candidates.append(Isolation((unshare, *NAMESPACES), drop_uid=True))
-            candidates.append(Isolation((unshare, *NAMESPACES), drop_uid=False))
-        candidates.append(Isolation((unshare, "--user", "--map-root-user", *NAMESPACES), drop_uid=False))
-    candidates += [Isolation((), drop_uid=True)] if root else []
+            prefixes += [((unshare, *NAMESPACES), True), ((unshare, *NAMESPACES), False)]
+        prefixes.append(((unshare, "--user", "--map-root-user", *NAMESPACES), False))
+    prefixes += [((), True)] if root else []
+    cgroup = [True, False] if _cgroup_parents() else [False]
+    candidates = [Isolation(prefix, drop_uid, with_cgroup) for prefix, drop_uid in prefixes for with_cgroup in cgroup]
     for isolation in candidates:
         if _works(isolation):
             break

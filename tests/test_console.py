@@ -1,0 +1,189 @@
+"""What a user sees on the command line: flags and help, the console of a run, what reaches the trackers."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ts_trl.__main__ import main as ts_trl_main
+
+ROOT = Path(__file__).resolve().parents[1]
+# The embedded default shrunk to seconds: a 5-step warm-up, 4 training prompts, 8 held-out ones scored once each.
+EMBEDDED_TINY = [
+    "--embedded_warmup_steps", "5",
+    "--embedded_train_problems", "4",
+    "--embedded_eval_problems", "8",
+    "--embedded_eval_samples", "1",
+    "--per_device_train_batch_size", "8",  # two groups of four
+    "--num_generations", "4",
+    "--max_completion_length", "16",
+    "--save_steps", "2",
+]  # fmt: skip
+# A flag spelled with a dash after `--`, other than a boolean's `--no-` prefix (choices such as seeds-state aside).
+DASH_FLAG = re.compile(r"(?<![\w-])--(?!no-)[a-z0-9_]*-[a-z]")
+
+
+def _run(args, tmp_path, **env):
+    """`python -m ts_trl ...` in a fresh interpreter, as a user runs it."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TS_TRL_CACHE": str(tmp_path / "cache"), **env}
+    environment.pop("PYTHONWARNINGS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "ts_trl", *args], capture_output=True, text=True, env=environment, timeout=600
+    )
+
+
+def test_train_help_shows_general_defaults_lists_config_and_is_answered_without_trl(tmp_path):
+    first = _run(["train", "--help"], tmp_path, COLUMNS="100")
+    assert first.returncode == 0, first.stderr
+    text = " ".join(first.stdout.split())
+    # TRL's defaults as they hold in general, the embedded default's beside them where it differs
+    assert (
+        "--learning_rate LEARNING_RATE The initial learning rate for AdamW. (default: 1e-06; embedded default: 0.0001)"
+        in text
+    )
+    assert "(default: other; embedded default: apache-2.0)" in text
+    assert "--config RECIPE A recipe: a YAML file of these flags, or a shipped recipe's name (embedded," in text
+    assert "--output_dir" in text and not DASH_FLAG.search(first.stdout), DASH_FLAG.findall(first.stdout)
+    assert "Setting accelerator to CPU" not in first.stdout + first.stderr
+
+    # The second time, the same text comes from the cache: a `trl` or `torch` that cannot be imported does not matter.
+    broken = tmp_path / "broken"
+    for name in ("trl", "torch"):
+        (broken / name).mkdir(parents=True)
+        (broken / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
+    second = _run(["train", "--help"], tmp_path, COLUMNS="100", PYTHONPATH=f"{broken}{os.pathsep}{ROOT}")
+    assert second.returncode == 0 and second.stdout == first.stdout, second.stderr
+
+
+def test_the_top_level_help_lists_the_commands_without_importing_trl(tmp_path):
+    broken = tmp_path / "broken" / "trl"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('trl imported')\n")
+    result = _run(["--help"], tmp_path, PYTHONPATH=f"{broken.parent}{os.pathsep}{ROOT}")
+    assert result.returncode == 0 and all(c in result.stdout for c in ("train", "relay", "positions", "compare"))
+
+
+@pytest.mark.parametrize("command", ["relay", "positions", "compare", "recipe_compare"])
+def test_analysis_flags_are_snake_case_and_the_dash_spellings_still_parse(command):
+    from importlib import import_module
+
+    parser = import_module(f"ts_trl.analysis.{command}").build_parser()
+    help_text = parser.format_help()
+    assert not DASH_FLAG.search(help_text), DASH_FLAG.findall(help_text)
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and not option.startswith("--no-") and "_" in option:
+                dashed = "--" + option[2:].replace("_", "-")
+                assert parser._option_string_actions[dashed] is action, dashed
+    required = {
+        "relay": ["--checkpoint_a", "a", "--checkpoint-b", "b"],
+        "positions": ["--seeds", "s", "--checkpoint", "c"],
+        "recipe_compare": ["--config", "embedded"],
+    }
+    for spelling in ("--output_dir", "--output-dir"):
+        assert parser.parse_args([*required.get(command, []), spelling, "out"]).output_dir == "out"
+
+
+def test_relay_takes_either_spelling_of_each_flag(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    argv = ["relay", "--checkpoint_a", str(missing), "--checkpoint-b", str(missing), "--output_dir", str(tmp_path)]
+    assert ts_trl_main([*argv, "--num_prompts", "2", "--max-new-tokens", "4", "--task_seed", "0"]) == 2
+    assert f"checkpoint A '{missing}' does not exist" in capsys.readouterr().err
+
+
+def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_per_step(tmp_path, capsys):
+    """Every held-out pass@1 of the learning curve reaches the tracker (here TensorBoard's event file) at its step;
+    the console shows one line per logging step, the full metrics go to metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    output_dir = tmp_path / "run"
+    os.environ["TS_TRL_CACHE"], previous = str(tmp_path / "cache"), os.environ.get("TS_TRL_CACHE")
+    try:
+        argv = ["train", "--output_dir", str(output_dir), *EMBEDDED_TINY, "--max_steps", "3"]
+        argv += ["--embedded_eval_every", "2", "--logging_steps", "1", "--report_to", "tensorboard"]
+        argv += ["--disable_tqdm", "true"]
+        assert ts_trl_main(argv) == 0
+    finally:
+        os.environ.pop("TS_TRL_CACHE") if previous is None else os.environ.update(TS_TRL_CACHE=previous)
+    printed = capsys.readouterr().out
+
+    (events,) = output_dir.rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events.parent))
+    accumulator.Reload()
+    logged = {event.step: event.value for event in accumulator.Scalars("eval/held_out_pass@1")}
+    curve = {}
+    for line in (output_dir / "learning_curve.csv").read_text().splitlines()[1:]:
+        step, kind, value = line.split(",")
+        if kind == "held_out_pass@1":
+            curve[int(step)] = float(value)
+    assert sorted(logged) == sorted(curve) == [0, 2, 3]  # start, every 2 steps, the end
+    assert logged == pytest.approx(curve)
+    report = json.loads((output_dir / "report.json").read_text())
+    assert logged[3] == pytest.approx(report["held_out_pass@1_after"])
+    assert "train/reward" in accumulator.Tags()["scalars"]  # the training metrics still reach it
+
+    assert "{'loss'" not in printed and "'completions/mean_length'" not in printed
+    step_lines = [line for line in printed.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in step_lines if "loss" in line] == ["1/3", "2/3", "3/3"]
+    assert all(len(line) < 160 for line in step_lines) and any("held-out pass@1" in line for line in step_lines)
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and len(rows[1]) > 20  # every metric, in full
+    assert "Setting accelerator to CPU" not in printed
+
+
+def _python_example() -> str:
+    """The README's Python example (or the docs page it moved to), as a reader pastes it."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        if "## Python example" in text:
+            return text.split("## Python example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    raise AssertionError("no '## Python example' section in README.md or docs/")
+
+
+def test_the_python_example_prints_no_warnings(tmp_path):
+    """Pasted into a fresh interpreter: no deprecation notices from TRL's calls, no DeepSpeed accelerator notice."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    environment.pop("PYTHONWARNINGS", None)
+    result = subprocess.run(
+        [sys.executable, "-c", _python_example()], cwd=tmp_path, capture_output=True, text=True, env=environment
+    )
+    assert result.returncode == 0, result.stderr
+    assert "rollouts banked" in result.stdout
+    warnings = [line for line in result.stderr.splitlines() if "Warning" in line or "warnings.warn" in line]
+    assert warnings == [], warnings
+    assert "Setting accelerator to CPU" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("omp", [None, "2"])
+def test_the_embedded_default_trains_on_one_torch_thread_unless_omp_num_threads_says(omp, tmp_path, monkeypatch):
+    """Beside other work, torch's default threads made the main job several times slower (see ts_trl.embedded.cpu);
+    a user's OMP_NUM_THREADS is followed as torch follows it."""
+    import torch
+
+    from ts_trl import SeedGRPOTrainer
+
+    seen = []
+    training_step = SeedGRPOTrainer.training_step
+
+    def counting_step(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return training_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(SeedGRPOTrainer, "training_step", counting_step)
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if omp:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # what torch picks on two cores when OMP_NUM_THREADS is unset
+    try:
+        argv = ["train", "--output_dir", str(tmp_path / "run"), *EMBEDDED_TINY, "--max_steps", "2"]
+        assert ts_trl_main([*argv, "--embedded_eval_problems", "0", "--disable_tqdm", "true"]) == 0
+        assert torch.get_num_threads() == 2  # restored after training
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [1, 1] if omp is None else seen == [2, 2]

@@ -1,0 +1,143 @@
+"""How the commands spell their flags and print their help: TRL's snake_case, dash spellings accepted but not shown.
+
+TRL and transformers name every flag after its dataclass field (`--output_dir`); `HfArgumentParser` also accepts
+`--output-dir`. Every `ts_trl` command does the same, and `--help` lists one spelling per flag. This module imports
+neither torch nor TRL: `ts_trl train --help` is answered from a cache of the help text when one matches (building the
+parser means importing TRL, seconds before anything prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def snake_case(option: str) -> str:
+    """`--max-new-tokens` -> `--max_new_tokens`; a boolean's `--no-` prefix is kept, as argparse needs it."""
+    if not option.startswith("--"):
+        return option
+    negation = "no-" if option.startswith("--no-") else ""
+    return "--" + negation + option[2 + len(negation) :].replace("-", "_")
+
+
+class _HideDashSpellings:
+    """Lists a flag under its snake_case spelling only, in the usage line and in the list; the dash spelling parses."""
+
+    def _format_usage(self, usage, actions, groups, prefix):
+        with _shown_spellings(actions):
+            return super()._format_usage(usage, actions, groups, prefix)
+
+    def _format_action_invocation(self, action):
+        with _shown_spellings([action]):
+            return super()._format_action_invocation(action)
+
+
+@contextlib.contextmanager
+def _shown_spellings(actions):
+    """Inside the block, each action's option strings are the ones help shows."""
+    original = [action.option_strings for action in actions]
+    for action in actions:
+        action.option_strings = [o for o in action.option_strings if not _is_dash_spelling(o, action.option_strings)]
+    try:
+        yield
+    finally:
+        for action, option_strings in zip(actions, original):
+            action.option_strings = option_strings
+
+
+def _is_dash_spelling(option: str, spellings: list[str]) -> bool:
+    """Whether `option` is the dash spelling of another of `spellings` (`--no-x-y` of `--no-x_y` or `--no_x_y`)."""
+    if not option.startswith("--"):
+        return False
+    return any(
+        other != option and other in spellings for other in (snake_case(option), "--" + option[2:].replace("-", "_"))
+    )
+
+
+class HelpFormatter(_HideDashSpellings, argparse.HelpFormatter):
+    """The analysis commands' help: their help texts say the defaults themselves."""
+
+
+class DefaultsHelpFormatter(_HideDashSpellings, argparse.ArgumentDefaultsHelpFormatter):
+    """`ts_trl train`'s help, which appends each field's default as `HfArgumentParser`'s does."""
+
+
+def accept_both_spellings(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Makes every long flag of `parser` parse in both spellings, lists the snake_case one first, hides the other."""
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse.BooleanOptionalAction):
+            continue  # positionals; booleans declare their `--no-` spellings themselves
+        spellings = []
+        for option in action.option_strings:
+            if option.startswith("--"):
+                spellings += [snake_case(option), "--" + option[2:].replace("_", "-")]
+            else:
+                spellings.append(option)
+        spellings = sorted(dict.fromkeys(spellings), key=lambda o: snake_case(o) != o)  # stable: snake_case first
+        for option in spellings:
+            parser._option_string_actions.setdefault(option, action)
+        action.option_strings = spellings
+    parser.formatter_class = HelpFormatter
+    return parser
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The help text of `ts_trl train`, cached
+
+
+def cache_root() -> Path:
+    """Where ts_trl caches what it can rebuild: `$TS_TRL_CACHE`, else `~/.cache/ts_trl`."""
+    return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl"))
+
+
+def _help_cache_file(prog: str) -> Path:
+    """The cache file of `prog`'s help, named by everything the text depends on.
+
+    The flags and their help come from this package's source and from TRL's and transformers' dataclasses; argparse
+    wraps the text to the terminal's width.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    digest = hashlib.sha256()
+    for package in ("trl", "transformers"):
+        try:
+            digest.update(f"{package}={version(package)};".encode())
+        except PackageNotFoundError:
+            digest.update(f"{package}=none;".encode())
+    digest.update(f"{prog};{shutil.get_terminal_size().columns};{sys.version_info[:2]}".encode())
+    package_dir = Path(__file__).resolve().parent
+    for path in sorted(package_dir.rglob("*.py")):
+        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes())
+    return cache_root() / "help" / f"{digest.hexdigest()[:24]}.txt"
+
+
+def cached_help(prog: str) -> str | None:
+    """The help text of `prog` saved by an earlier `--help` under the same versions and source, else None."""
+    try:
+        return _help_cache_file(prog).read_text()
+    except OSError:
+        return None
+
+
+def store_help(prog: str, text: str) -> None:
+    """Saves `prog`'s help text for the next `--help` (atomically; a cache that cannot be written is skipped)."""
+    try:
+        path = _help_cache_file(prog)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)
+    except OSError:
+        pass
