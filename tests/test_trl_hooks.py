@@ -38,6 +38,7 @@ EXPECTED = {
     "_save_checkpoint": ["self", "model", "trial"],  # transformers' Trainer: where every save strategy saves
     "_push_from_checkpoint": ["self", "checkpoint_folder"],  # transformers' Trainer: the push at each save
     "init_hf_repo": ["self", "token", "private"],  # transformers' Trainer: creates the model repo with push_to_hub
+    "push_to_hub": ["self", "commit_message"],  # transformers' Trainer: the final push, its arguments passed through
 }
 
 

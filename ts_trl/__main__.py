@@ -57,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv[1:], prog=prog)
     from .analysis.common import run_command
 
-    return run_command(import_module(ANALYSES[argv[0]][0]).main, argv[1:])
+    module = ANALYSES[argv[0]][0]
+    if argv[0] == "compare":
+        from .analysis.compare import wants_recipe
+
+        if wants_recipe(argv[1:]):
+            module = "ts_trl.analysis.recipe_compare"  # the arms on a recipe's model, data and rewards
+    return run_command(import_module(module).main, argv[1:])
 
 
 if __name__ == "__main__":

@@ -6,13 +6,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   rank) into a `SeedBatch`, the one per-batch record the hooks below fill in; afterwards banks every rollout with its
   behaviour log-probs and reward, logs the seeding metrics, and gives tokens an earlier policy sampled (prefixes in
   `prefix_mode="action"`, replays) their advantages and behaviour log-probs.
-- `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call (HF `generate`,
-  continuous batching and vLLM all continue from it), then returns `seed[:k] + continuation` as the completion, so
-  rewards and the loss see the whole response. The backend is patched for the call (`backends.SeededBackend`): each
-  vLLM request asks for the budget its prefix leaves; static HF `generate` splices only the prefix length every row
-  shares and forces the rest of each prefix (`prefix_forcing.py`). With `seed_method="replay"`, rows planned as
-  replays are left out of the backend call and filled with a whole stored rollout (planned as a cut at its full
-  length, trained as actions with the same truncated importance ratio, and not banked again).
+- `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call, then returns
+  `seed[:k] + continuation` as the completion, so rewards and the loss see the whole response; the backend is patched
+  for the call (`backends.SeededBackend`: per-request vLLM budgets, HF `generate` forcing each row's remaining
+  prefix). Replayed rows skip the backend and are filled with a whole stored rollout, trained as old actions.
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot,
   and corrects TRL's length metrics to count generated tokens only.
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
@@ -24,10 +21,7 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `train`: rebuilds the seed bank from the checkpoint's snapshot on resume; `_save_checkpoint` writes the checkpoint's
   seed shard first; the pushes keep `seeds/` out of the model repo.
 
-Everything else lives in its own module: which groups are seeded and where cut in `planning.py`, splicing and
-reassembly in `seed_batch.py`, cuts and masks in `cutting.py`, old-token weights in `old_tokens.py`, backend
-patches in `backends.py`, the bank and everything it persists in `snapshots.SeedStore`, and the TRL internals
-relied on in `trl_internals.py`.
+Everything else lives in its own module; `docs/architecture.md` maps them.
 
 Differences from the paper (known only by its abstract): the cut is a uniform length ratio per group, seeds are drawn
 per prompt from the bank of this run (or a given seed dataset), and the restart baseline is GRPO's group mean over

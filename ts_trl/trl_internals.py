@@ -25,6 +25,8 @@ TRL_HOOKS = (
     "_save_checkpoint",
     "_push_from_checkpoint",
     "init_hf_repo",
+    "push_to_hub",
+    "create_model_card",
 )
 
 TRL_INTERNALS = {

@@ -186,12 +186,15 @@ def budget_from(args) -> Budget:
 # Running
 
 
+def wants_recipe(argv: list[str]) -> bool:
+    """Whether a compare command line names a recipe (`--config`): the arms then run on its model, data and rewards."""
+    return any(a == "--config" or a.startswith("--config=") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--config" or a.startswith("--config=") for a in argv):
-        from .recipe_compare import main as compare_recipe  # the arms on a recipe's model, data and rewards
-
-        return compare_recipe(argv)
+    if wants_recipe(argv):  # `ts_trl compare` hands these to recipe_compare.py, which builds on this module
+        raise InputError("compare --config runs as `ts_trl compare --config <recipe> ...`.")
     args = build_parser().parse_args(argv)
     args.methods = [BASELINE] + [m for m in dict.fromkeys(args.methods) if m != BASELINE]
     budget = budget_from(args)
