@@ -70,9 +70,7 @@ def main_run(folder: str) -> None:
 
     def row(method, against, endpoint):
         return next(
-            d
-            for d in differences
-            if (d["method"], d["baseline"], d["endpoint"]) == (method, against, endpoint)
+            d for d in differences if (d["method"], d["baseline"], d["endpoint"]) == (method, against, endpoint)
         )
 
     print("| arm | pass@1 (mean ± sd) | gain over start | pass@8 | coverage | recovery rate | error share | "
