@@ -443,11 +443,9 @@ def test_commands_dispatch_and_module_entry_points(capsys):
 
     assert main(["nonsense"]) == 2
     assert "unknown command" in capsys.readouterr().err
-    assert set(ANALYSES) == {"relay", "positions", "compare"}
-    for name in ANALYSES:
-        done = subprocess.run(
-            [sys.executable, "-m", f"ts_trl.analysis.{name}", "--help"], capture_output=True, text=True
-        )
+    assert set(ANALYSES) == {"relay", "positions", "compare", "probe-cuts"}
+    for name, (module, _) in ANALYSES.items():
+        done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and f"ts_trl {name}" in done.stdout
 
 

@@ -20,6 +20,7 @@ ANALYSES = {
         "ts_trl.analysis.compare",
         "none / replay / seeds+action / seeds+state on the embedded task or a recipe (--config)",
     ),
+    "probe-cuts": ("ts_trl.analysis.probe_cuts", "all-equal groups per cut ratio on one model: pick cut_ratio_max"),
 }
 COMMANDS = ("train", *ANALYSES)
 TRAIN_HELP = "train with Thinking Seeds (the embedded default without a model or a dataset)"

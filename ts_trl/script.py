@@ -97,6 +97,10 @@ class SeedScriptArguments(ScriptArguments):
 
         > Parameters of the embedded default (used when no dataset is given)
 
+        task (`str`, *optional*, defaults to `"add"`):
+            The built-in task: `add` (add 2-3 numbers), `chain` (4-6 digits whose wrong partial sums can be
+            repaired, with a 3-layer model and a 72-token budget; `embedded_difficulty` does not apply) or
+            `chain-strict` (the same, scored by the whole chain). See docs/chain-task.md.
         embedded_difficulty (`int`, *optional*, defaults to `2`):
             Most additions per problem of the built-in task: 3 numbers, the hard, sparse-reward slice (warm pass@1
             about 0.16 at temperature 1, against 0.45 for 2 numbers).
@@ -112,7 +116,8 @@ class SeedScriptArguments(ScriptArguments):
         embedded_eval_every (`int`, *optional*, defaults to `20`):
             Held-out pass@1 every this many steps for the learning curve (`learning_curve.png`; 0: start and end).
         embedded_warmup_steps (`int`, *optional*, defaults to `600`):
-            Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given).
+            Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given); 700 by
+            default with `--task chain` or `chain-strict`.
     """
 
     dataset_path: str | None = field(
@@ -130,6 +135,10 @@ class SeedScriptArguments(ScriptArguments):
         default=None,
         metadata={"help": "Reward names (math, format, code, binary_code, embedded) or dotted paths (pkg.mod:func)."},
     )
+    task: str = field(
+        default="add",
+        metadata={"help": "Built-in task: add, chain or chain-strict.", "choices": ["add", "chain", "chain-strict"]},
+    )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
     embedded_train_problems: int = field(default=896, metadata={"help": "Built-in task: training problems."})
@@ -141,7 +150,7 @@ class SeedScriptArguments(ScriptArguments):
         default=20, metadata={"help": "Built-in task: held-out pass@1 every N steps for the learning curve."}
     )
     embedded_warmup_steps: int = field(
-        default=600, metadata={"help": "Supervised warm-up steps of the tiny model (cached)."}
+        default=600, metadata={"help": "Supervised warm-up steps of the tiny model (cached; 700 with --task chain)."}
     )
 
 
@@ -234,7 +243,10 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         arg.split("=", 1)[0] == f"--{key}" for arg in argv for key in _SOURCE_KEYS
     )
     if not named:
-        unused = parser.set_defaults_with_config(**EMBEDDED_DEFAULTS)
+        from .embedded.tasks import task_named, task_spec
+
+        spec = task_spec(task_named(argv, recipe))
+        unused = parser.set_defaults_with_config(**{**EMBEDDED_DEFAULTS, **spec.train_defaults})
         assert not unused, unused  # every embedded default is a real field
     skip_deepspeed_shm_build()
     if _cpu_only():
@@ -384,10 +396,13 @@ def learning_curve(script_args, training_args, eval_dataset):
 
 def embedded_task(script_args: SeedScriptArguments, seed: int):
     """The built-in task of the embedded default, as the script arguments set it; its warm-up and data both use it."""
-    from .embedded import EmbeddedTask
+    from .embedded.tasks import make_task
 
-    return EmbeddedTask(
-        difficulty=script_args.embedded_difficulty, min_difficulty=script_args.embedded_min_difficulty, seed=seed
+    return make_task(
+        script_args.task,
+        seed=seed,
+        difficulty=script_args.embedded_difficulty,
+        min_difficulty=script_args.embedded_min_difficulty,
     )
 
 
@@ -419,11 +434,12 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args, task
             "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
             "the embedded default's tiny model is not quantized. Drop the flag or name a model."
         )
-    from .embedded import build_warm_model
+    from .embedded.tasks import build_task_model
 
     task = task or embedded_task(script_args, training_args.seed)
-    model, tokenizer = build_warm_model(task, steps=script_args.embedded_warmup_steps, seed=training_args.seed)
-    return model, tokenizer
+    return build_task_model(
+        script_args.task, task, warmup_steps=script_args.embedded_warmup_steps, seed=training_args.seed
+    )
 
 
 def is_embedded_task(script_args: SeedScriptArguments) -> bool:

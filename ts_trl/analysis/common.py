@@ -102,18 +102,23 @@ def check_ratios(ratios: Sequence[float]) -> list[float]:
     return sorted(set(ratios))
 
 
-def load_prompts(source: str, limit: int | None = None, task_seed: int = 0) -> list[dict]:
-    """Rows with `prompt` and `answer` from a .jsonl or .parquet file, or `embedded` (the built-in task's held-out set).
+def load_prompts(source: str, limit: int | None = None, task_seed: int = 0, task: str = "add") -> list[dict]:
+    """Rows with `prompt` and `answer` from a .jsonl or .parquet file, or `embedded` (the held-out set of the built-in
+    task `task`: `add`, whose difficulty `embedded:D` sets, or `chain`).
 
     A `prompt_id` column is kept when present, else the prompt's stable hash is used.
     """
     from ..data import prompt_id_of
 
     if source == "embedded" or source.startswith("embedded:"):
-        from ..embedded.task import EmbeddedTask
+        from ..embedded.tasks import make_task
 
         difficulty = int(source.split(":", 1)[1]) if ":" in source else 2
-        rows = EmbeddedTask(difficulty=difficulty, seed=task_seed).make_splits(1, limit or 64)[1].to_list()
+        try:
+            built = make_task(task, seed=task_seed, difficulty=difficulty, min_difficulty=None)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+        rows = built.make_splits(1, limit or 64)[1].to_list()
     else:
         path = Path(source).expanduser()
         if not path.is_file():

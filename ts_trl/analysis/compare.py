@@ -85,10 +85,25 @@ class Budget:
 FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
 DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
+# The chain task (ts_trl.embedded.chain), sized so that 4 methods x 5 RNG seeds fit in 45 minutes on 2 shared cores;
+# docs/prereg-chain.md fixes these values, the learning rate by on-policy calibration and the cut range by
+# `ts_trl probe-cuts` on the warm model.
+CHAIN_FULL = Budget(60, 192, 256, 16, 8, 72, 8, 30, 700, 5, 64)
+CHAIN_QUICK = Budget(10, 64, 32, 8, 8, 72, 8, 5, 700, 2, 16)
+BUDGETS = {"add": (FULL, QUICK), "chain": (CHAIN_FULL, CHAIN_QUICK), "chain-strict": (CHAIN_FULL, CHAIN_QUICK)}
+# Per task: the learning rate and the top of the cut range when not given.
+TASK_DEFAULTS = {
+    "add": {"learning_rate": LEARNING_RATE, "cut_ratio_max": 0.9},
+    "chain": {"learning_rate": None, "cut_ratio_max": 0.3},
+    "chain-strict": {"learning_rate": None, "cut_ratio_max": None},
+}
+# Read from the samples on the chain task only (ts_trl.embedded.chain.trace_rates).
+TRACE_KEYS = ("error_share", "repair_share", "error_or_repair_share", "recovery_rate")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ts_trl compare", description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="add", choices=list(BUDGETS), help="The built-in task (default: add).")
     parser.add_argument(
         "--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS), help="'none' is always run."
     )
@@ -107,7 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--difficulty", type=int, default=DIFFICULTY, help="Most additions per problem.")
     parser.add_argument("--min-difficulty", type=int, default=MIN_DIFFICULTY, help="Fewest additions per problem.")
     parser.add_argument("--seed-fraction", type=float, default=0.5, help="Share of groups seeded / replayed.")
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="The embedded default's.")
+    parser.add_argument("--cut-ratio-min", type=float, default=0.1, help="Seeds are cut at r ~ U[min, max].")
+    parser.add_argument(
+        "--cut-ratio-max",
+        type=float,
+        help="Default: the task's (add 0.9, chain 0.3); pick it with `ts_trl probe-cuts`.",
+    )
+    parser.add_argument("--learning-rate", type=float, help="Default: the task's (add: the embedded default's).")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time, one process and one torch thread each.")
     parser.add_argument("--output-dir", default="compare", help="Where compare.md, the CSVs and compare.png go.")
     parser.add_argument(
@@ -119,7 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def budget_from(args) -> Budget:
-    budget = copy.copy(QUICK if args.quick else FULL)
+    full, quick = BUDGETS[args.task]
+    budget = copy.copy(quick if args.quick else full)
+    for name, value in TASK_DEFAULTS[args.task].items():
+        if getattr(args, name) is None:
+            if value is None:
+                raise InputError(
+                    f"--task {args.task} has no default --{name.replace('_', '-')} (none passed calibration: "
+                    "docs/results-chain.md); give one."
+                )
+            setattr(args, name, value)
     names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")
     for name in (*names, "num_seeds", "n_probe"):
         if getattr(args, name) is not None:
@@ -171,13 +201,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     quiet_libraries()
     from tqdm.auto import tqdm
 
-    from ..embedded.warmup import build_warm_model
+    from ..embedded.tasks import build_task_model
 
     out = output_dir(args.output_dir)
     started = time.time()
     task = _task(args)
     train_set, _ = task.make_splits(budget.n_train, budget.n_eval)
-    warm_model, tokenizer = build_warm_model(task, steps=budget.warmup_steps, progress=True)
+    warm_model, tokenizer = build_task_model(args.task, task, warmup_steps=budget.warmup_steps, progress=True)
     warm_model.save_pretrained(out / "warm")
     tokenizer.save_pretrained(out / "warm")
     _write_probe(warm_model, tokenizer, train_set, budget, out / "probe.json")
@@ -237,7 +267,7 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
         curves += [
             {"method": o["method"], "seed": o["seed"], "step": 0, "kind": kind, "value": start[kind]}
             for kind in start
-            if kind.startswith("pass_at_") or kind == "coverage"
+            if kind.startswith("pass_at_") or kind in ("coverage", *TRACE_KEYS)
         ] + o["curves"]
         start_rows = [{**row, "method": o["method"], "generated_tokens": 0.0} for row in starts[o["seed"]]["prompts"]]
         prompts += start_rows + o["prompts"]
@@ -261,9 +291,9 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
 
 
 def _task(args):
-    from ..embedded.task import EmbeddedTask
+    from ..embedded.tasks import make_task
 
-    return EmbeddedTask(difficulty=args.difficulty, min_difficulty=args.min_difficulty, seed=0)
+    return make_task(args.task, seed=0, difficulty=args.difficulty, min_difficulty=args.min_difficulty)
 
 
 def _endpoints(args) -> tuple[str, ...]:
@@ -274,7 +304,13 @@ def _endpoints(args) -> tuple[str, ...]:
 
 
 def _title(args) -> str:
-    return getattr(args, "title", None) or f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
+    if getattr(args, "title", None):
+        return args.title
+    if getattr(args, "task", "add") == "chain":
+        return "Chain task (4-6 digits, repairable errors)"
+    if getattr(args, "task", "add") == "chain-strict":
+        return "Chain task, scored by the whole chain (4-6 digits, repairable errors)"
+    return f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
 
 
 def _map(function, items, jobs):
@@ -327,7 +363,7 @@ def _run_job(job: dict) -> dict:
     seed = job["seed"]
 
     def evaluate(model, step: int) -> dict:
-        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step)
+        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step, task=args.task)
 
     if job["kind"] == "start":
         output = {"kind": "start", "seed": seed, **evaluate(model, 0)}
@@ -343,17 +379,30 @@ def _run_job(job: dict) -> dict:
     return output
 
 
-def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int) -> dict:
-    """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes."""
+def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int, task: str = "add") -> dict:
+    """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes.
+
+    On the chain tasks, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
+    P(pass | a wrong line) (`ts_trl.embedded.chain.trace_rates`).
+    """
+    from ..embedded.chain import read_trace, trace_rates
     from ..embedded.evaluate import pass_at_k, sample_rewards
-    from ..embedded.task import embedded_reward
+    from ..embedded.tasks import CHAIN_TASKS, task_spec
     from .common import prefix_overlap, token_logprobs
+
+    read, traces, task_reward = [], task in CHAIN_TASKS, task_spec(task).reward
+
+    def reward(completions, answer, **kwargs):
+        scores = task_reward(completions=completions, answer=answer, **kwargs)
+        if traces:
+            read.extend(read_trace(c, a, s) for c, a, s in zip(completions, answer, scores))
+        return scores
 
     rewards = sample_rewards(
         model,
         tokenizer,
         eval_set,
-        embedded_reward,
+        reward,
         budget.max_completion_length,
         batch_size=256,
         num_samples=budget.eval_samples,
@@ -378,6 +427,7 @@ def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step
         "pass_at_1": pass_at_k(rewards, 1),
         f"pass_at_{k}": pass_at_k(rewards, k),
         "coverage": prefix_overlap(logp, probe["logq"]),
+        **(trace_rates(read) if traces else {}),
         "prompts": prompts,
     }
 
@@ -388,7 +438,7 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
     from transformers.trainer_callback import PrinterCallback
 
     from ..config import SeedGRPOConfig
-    from ..embedded.task import embedded_reward
+    from ..embedded.tasks import task_spec
     from ..trainer import SeedGRPOTrainer
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
@@ -422,6 +472,8 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         seed=seed,
         disable_tqdm=True,
         seed_fraction=args.seed_fraction,
+        cut_ratio_min=args.cut_ratio_min,
+        cut_ratio_max=args.cut_ratio_max,
         # Seeds from one step back, without waiting for a checkpoint: the runs compare methods, not snapshot cadence.
         seed_snapshot_only=False,
         seed_min_age=1,
@@ -430,7 +482,7 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
     )
     trainer = SeedGRPOTrainer(
         model=model,
-        reward_funcs=embedded_reward,
+        reward_funcs=task_spec(args.task).reward,
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
@@ -451,7 +503,8 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         step = scores["prompts"][0]["step"]
         at = training["tokens"][min(step, len(training["tokens"]) - 1)]
         prompts += [{**row, "method": method, "generated_tokens": at} for row in scores["prompts"]]
-        for kind in ("pass_at_1", f"pass_at_{k}", "coverage"):
+        traced = [kind for kind in TRACE_KEYS if kind in scores]
+        for kind in ("pass_at_1", f"pass_at_{k}", "coverage", *traced):
             curves.append({"method": method, "seed": seed, "step": step, "kind": kind, "value": scores[kind]})
     final = evals[-1]
     result = {
@@ -460,6 +513,7 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         "pass_at_1": final["pass_at_1"],
         f"pass_at_{k}": final[f"pass_at_{k}"],
         "coverage": final["coverage"],
+        **{kind: final[kind] for kind in TRACE_KEYS if kind in final},
         **training["result"],
         "wall_s": round(wall, 1),
     }

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prompts", default="embedded", help="A .jsonl/.parquet file with prompt and answer, or 'embedded'."
     )
+    parser.add_argument(
+        "--task", default="add", help="The built-in task whose held-out set 'embedded' means: add, chain."
+    )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(DEFAULT_RATIOS), help="Cut ratios in [0, 1).")
     parser.add_argument("--num_prompts", type=int, default=64, help="Use the first N prompts.")
     parser.add_argument("--samples", type=int, default=4, help="Solutions of A per prompt (each relayed at every r).")
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "the built-in task's held-out split depends on the run's training seed, which no seed shard of the run "
             "records; pass --task_seed with that seed."
         )
-    rows = load_prompts(args.prompts, args.num_prompts, task_seed or 0)
+    rows = load_prompts(args.prompts, args.num_prompts, task_seed or 0, task=args.task)
     warn_training_overlap(rows, list(dict.fromkeys(shards_a + shards_b)))
     out = output_dir(args.output_dir)
 

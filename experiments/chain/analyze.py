@@ -1,0 +1,126 @@
+"""The pre-registered analysis of the chain-task comparison (docs/prereg-chain.md), from `ts_trl compare`'s CSVs.
+
+    python experiments/chain/analyze.py calibration experiments/chain/cal-3e-4 experiments/chain/cal-1e-3 ...
+    python experiments/chain/analyze.py main experiments/chain/main
+
+`calibration` applies the on-policy pass rule to each grid point; `main` keeps the RNG seeds whose four arms all
+finished and reports the three claims: the primary endpoint with Holm's correction over the claims, and the four
+pre-registered secondary endpoints with Holm's correction within each claim. The statistics are `compare`'s own
+(`all_differences`: paired t over per-seed means, bootstrap, smallest detectable effect; `stats.holm`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ts_trl.analysis.compare import all_differences, read_csv
+from ts_trl.analysis.stats import holm
+
+ARMS = ("none", "seeds-state", "seeds-action", "replay")
+CLAIMS = [  # (method, against, the paper's claim)
+    ("seeds-state", "none", "seeds-state > on-policy"),
+    ("seeds-state", "seeds-action", "seeds-state > seeds-action"),
+    ("seeds-state", "replay", "seeds > replay"),
+]
+PRIMARY = "pass@1 at equal steps"
+SECONDARY = ("pass@8 at equal steps", "pass@1 at equal tokens", "recovery_rate", "coverage")
+
+
+def _curve(curves, kind, step):
+    return {int(c["seed"]): float(c["value"]) for c in curves if c["kind"] == kind and int(c["step"]) == step}
+
+
+def calibration(folders: list[str]) -> None:
+    print("| learning rate | gain per seed | mean gain | coverage at end (mean) | error-or-repair share start -> end "
+          "(mean) | passes |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for folder in folders:
+        runs = [r for r in read_csv(Path(folder) / "compare.csv") if r["method"] == "none"]
+        curves = read_csv(Path(folder) / "curves.csv")
+        last = max(int(r["steps"]) for r in runs)
+        gains = [float(r["pass_at_1"]) - float(r["pass_at_1_start"]) for r in runs]
+        coverage = float(np.mean([float(r["coverage"]) for r in runs]))
+        start = float(np.mean(list(_curve(curves, "error_or_repair_share", 0).values())))
+        end = float(np.mean(list(_curve(curves, "error_or_repair_share", last).values())))
+        gain_ok = np.mean(gains) >= 0.10 and min(gains) >= 0.05
+        collapse = coverage <= 0.6 or end <= 0.5 * start
+        rate = folder.rstrip("/").rsplit("cal-", 1)[-1]
+        print(
+            f"| {rate} | {', '.join(f'{g:+.3f}' for g in gains)} | {np.mean(gains):+.3f} | {coverage:.3f} | "
+            f"{start:.3f} -> {end:.3f} | {'yes' if gain_ok and collapse else 'no'} (gain {'ok' if gain_ok else 'no'},"
+            f" collapse {'ok' if collapse else 'no'}) |"
+        )
+
+
+def main_run(folder: str) -> None:
+    folder = Path(folder)
+    results = read_csv(folder / "compare.csv")
+    prompts = read_csv(folder / "prompts.csv")
+    seeds = sorted({int(r["seed"]) for r in results})
+    complete = [s for s in seeds if all(any(r["method"] == m and int(r["seed"]) == s for r in results) for m in ARMS)]
+    cut = sorted({(r["method"], int(r["seed"])) for r in results if int(r["seed"]) not in complete})
+    print(f"Complete seeds: {complete}; runs left out (their seed is incomplete): {cut or 'none'}\n")
+    results = [r for r in results if int(r["seed"]) in complete]
+    prompts = [r for r in prompts if int(r["seed"]) in complete]
+    differences = all_differences(prompts, results, ("coverage", "recovery_rate"))
+
+    def row(method, against, endpoint):
+        return next(
+            d for d in differences if (d["method"], d["baseline"], d["endpoint"]) == (method, against, endpoint)
+        )
+
+    print("| arm | pass@1 (mean ± sd) | gain over start | pass@8 | coverage | recovery rate | error share | "
+          "repair share | all-equal seeded / plain | generated tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for arm in ARMS:
+        runs = [r for r in results if r["method"] == arm]
+
+        def mean(key, runs=runs):
+            values = [float(r[key]) for r in runs if r.get(key) not in (None, "")]
+            values = [v for v in values if not math.isnan(v)]
+            return float(np.mean(values)) if values else math.nan
+
+        p1 = np.array([float(r["pass_at_1"]) for r in runs])
+        print(
+            f"| {arm} | {p1.mean():.3f} ± {p1.std(ddof=1):.3f} | {mean('pass_at_1') - mean('pass_at_1_start'):+.3f} | "
+            f"{mean('pass_at_8'):.3f} | {mean('coverage'):.3f} | {mean('recovery_rate'):.3f} | "
+            f"{mean('error_share'):.3f} | {mean('repair_share'):.3f} | {mean('zero_std_share_seeded'):.3f} / "
+            f"{mean('zero_std_share_plain'):.3f} | {mean('generated_tokens'):,.0f} |"
+        )
+
+    primaries = [row(m, a, PRIMARY) for m, a, _ in CLAIMS]
+    adjusted = holm([p["p_value"] for p in primaries])
+    print("\nPrimary: pass@1 difference at equal steps, paired t over per-seed means (df = seeds - 1), Holm over the "
+          "three claims; bootstrap (seeds x prompts) as sensitivity.\n")  # fmt: skip
+    print("| claim | difference | 95% paired t CI | p | Holm p | bootstrap 95% CI | MDE | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (method, against, claim), p, p_holm in zip(CLAIMS, primaries, adjusted):
+        if p_holm < 0.05:
+            verdict = "supported" if p["difference"] > 0 else "contradicted"
+        else:
+            verdict = "not shown"
+        print(
+            f"| {claim} ({method} − {against}) | {p['difference']:+.3f} | [{p['t_low']:+.3f}, {p['t_high']:+.3f}] | "
+            f"{p['p_value']:.3f} | {p_holm:.3f} | [{p['boot_low']:+.3f}, {p['boot_high']:+.3f}] | {p['mde']:.3f} | "
+            f"{verdict} |"
+        )
+    print("\nSecondary endpoints, Holm over the four within each claim.\n")
+    print("| claim | endpoint | difference | 95% paired t CI | p | Holm p | MDE |")
+    print("|---|---|---|---|---|---|---|")
+    for method, against, claim in CLAIMS:
+        rows = [row(method, against, endpoint) for endpoint in SECONDARY]
+        for d, p_holm in zip(rows, holm([d["p_value"] for d in rows])):
+            star = " *" if p_holm < 0.05 else ""
+            print(
+                f"| {claim} | {d['endpoint']} | {d['difference']:+.3f} | [{d['t_low']:+.3f}, {d['t_high']:+.3f}] | "
+                f"{d['p_value']:.3f} | {p_holm:.3f}{star} | {d['mde']:.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    command, *folders = sys.argv[1:]
+    calibration(folders) if command == "calibration" else main_run(folders[0])

@@ -1,0 +1,92 @@
+"""The built-in tasks by name: `add` (the default) and `chain`, with the model and budget each is sized for.
+
+`--task` on `ts_trl train`, `compare`, `probe-cuts`, `relay` and `positions` looks its name up here, so that every
+command builds the same problems, the same warm model (hence the same warm-up cache) and the same budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ts_trl.embedded.chain import ChainTask, chain_reward
+from ts_trl.embedded.task import EmbeddedTask, embedded_reward
+from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS
+
+DEFAULT_TASK = "add"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a built-in task needs besides its problems: the tiny model's size, the warm-up and the token budget."""
+
+    name: str
+    model_kwargs: dict
+    warmup_steps: int
+    max_completion_length: int
+    # Training defaults of `ts_trl train --task NAME` on top of the embedded default's (ts_trl.script).
+    train_defaults: dict = field(default_factory=dict)
+    reward: Callable = embedded_reward
+
+
+TASKS = {
+    "add": TaskSpec("add", DEFAULT_MODEL_KWARGS, warmup_steps=600, max_completion_length=32),
+    # Longer solutions with an error-and-repair structure need a third layer: with 2 layers the warm model rarely
+    # used the recomputation line correctly. ~0.46M parameters.
+    "chain": TaskSpec(
+        "chain",
+        {**DEFAULT_MODEL_KWARGS, "num_layers": 3},
+        warmup_steps=700,
+        max_completion_length=72,
+        train_defaults={"output_dir": "runs/chain", "max_completion_length": 72, "embedded_warmup_steps": 700},
+    ),
+    # The same problems, traces and warm model, scored by the whole chain (`chain_reward`): under the answer-only
+    # reward, on-policy RL dropped the chain and guessed totals, so errors and repairs stopped mattering.
+    "chain-strict": TaskSpec(
+        "chain-strict",
+        {**DEFAULT_MODEL_KWARGS, "num_layers": 3},
+        warmup_steps=700,
+        max_completion_length=72,
+        train_defaults={
+            "output_dir": "runs/chain-strict",
+            "max_completion_length": 72,
+            "embedded_warmup_steps": 700,
+            "reward_funcs": ["ts_trl.embedded.chain:chain_reward"],
+        },
+        reward=chain_reward,
+    ),
+}
+CHAIN_TASKS = ("chain", "chain-strict")
+
+
+def task_spec(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"--task {name}: unknown built-in task; choose one of {', '.join(TASKS)}.")
+    return TASKS[name]
+
+
+def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_difficulty: int | None = 1):
+    """The task `name`; `difficulty` and `min_difficulty` shape the addition task only (the chain has 4-6 digits)."""
+    task_spec(name)
+    if name in CHAIN_TASKS:
+        return ChainTask(seed=seed)
+    return EmbeddedTask(difficulty=difficulty, min_difficulty=min_difficulty, seed=seed)
+
+
+def build_task_model(name: str, task=None, warmup_steps: int | None = None, **warm_up_kwargs):
+    """The warm model and tokenizer of task `name` (warm-up cached), as `build_warm_model` builds the addition's."""
+    from ts_trl.embedded.warmup import build_warm_model
+
+    spec = task_spec(name)
+    steps = spec.warmup_steps if warmup_steps is None else warmup_steps
+    return build_warm_model(task or make_task(name), model_kwargs=spec.model_kwargs, steps=steps, **warm_up_kwargs)
+
+
+def task_named(argv: list[str], recipe: dict) -> str:
+    """The `--task` of a command line (`--task X` or `--task=X`), else the recipe's `task`, else the default."""
+    for index, arg in enumerate(argv):
+        if arg == "--task" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--task="):
+            return arg.split("=", 1)[1]
+    return recipe.get("task", DEFAULT_TASK)
