@@ -182,17 +182,20 @@ def load_training_data(script_args, with_eval: bool = False, task=None):
             return read_local(script_args.dataset_path, split)
         return read_hub(script_args.dataset_name, script_args.dataset_config, split, script_args.dataset_streaming)
 
-    def convert(dataset):
-        return to_prompt_dataset(
-            dataset,
-            prompt_column=script_args.prompt_column,
-            answer_column=script_args.answer_column,
-            system_prompt=script_args.system_prompt,
-            conversational=script_args.conversational,
-            domain=script_args.domain,
-        )
-
     train = read(script_args.dataset_train_split)
     if script_args.max_train_samples is not None and hasattr(train, "select"):
         train = train.select(range(min(script_args.max_train_samples, len(train))))
-    return convert(train), convert(read(script_args.dataset_test_split)) if with_eval else None
+    test = prompt_rows(read(script_args.dataset_test_split), script_args) if with_eval else None
+    return prompt_rows(train, script_args), test
+
+
+def prompt_rows(dataset, script_args):
+    """`to_prompt_dataset` with the column, prompt and domain settings of a run's script arguments."""
+    return to_prompt_dataset(
+        dataset,
+        prompt_column=script_args.prompt_column,
+        answer_column=script_args.answer_column,
+        system_prompt=script_args.system_prompt,
+        conversational=script_args.conversational,
+        domain=script_args.domain,
+    )

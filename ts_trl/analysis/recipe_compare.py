@@ -286,7 +286,7 @@ def _free_accelerator_memory() -> None:
 
 def _held_out(args, script_args):
     """The held-out prompts as `to_prompt_dataset` rows: `--eval_dataset`, else the recipe dataset's test split."""
-    from ..data import read_hub, read_local, to_prompt_dataset
+    from ..data import prompt_rows, read_hub, read_local
 
     source = args.eval_dataset
     try:
@@ -304,14 +304,7 @@ def _held_out(args, script_args):
             raw = read_local(source)
         else:
             raw = read_hub(source, None, script_args.dataset_test_split)
-        rows = to_prompt_dataset(
-            raw,
-            prompt_column=script_args.prompt_column,
-            answer_column=script_args.answer_column,
-            system_prompt=script_args.system_prompt,
-            conversational=script_args.conversational,
-            domain=script_args.domain,
-        )
+        rows = prompt_rows(raw, script_args)
     except (ValueError, FileNotFoundError) as error:
         if isinstance(error, InputError):
             raise
