@@ -470,9 +470,14 @@ def test_program_has_only_its_own_descriptors():
 
 def test_judge_home_cwd_and_tmp_are_not_the_programs():
     program = "import os\nfor name in ('planted', '/tmp/planted'):\n    open(name, 'w').write('x')\n" + CORRECT_ADD
+    # A Python runtime that lives under /tmp (a virtual environment in /tmp/...) is bound into the program's /tmp, and
+    # the judge then shares that /tmp: a literal "/tmp" in a test names the program's files (docs/sandbox.md, "What is
+    # not isolated"). The judge's own cwd, HOME and TMPDIR stay private either way.
+    runtime_under_tmp = any(Path(p).resolve().is_relative_to("/tmp") for p in (sys.prefix, sys.base_prefix))
+    folders = "os.getcwd(), os.path.expanduser('~'), tempfile.gettempdir()" + ("" if runtime_under_tmp else ", '/tmp'")
     tests = (
         ADD_TESTS + "\nimport os, tempfile\nassert not any(os.path.exists(os.path.join(folder, 'planted')) for folder "
-        "in (os.getcwd(), os.path.expanduser('~'), tempfile.gettempdir(), '/tmp'))"
+        f"in ({folders}))"
     )
     _need("fs-view")
     assert _run(program, tests)[0] == 1.0
