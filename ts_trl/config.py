@@ -8,6 +8,7 @@ from trl import GRPOConfig
 
 from .bank import SEED_SELECTIONS
 from .cutting import PREFIX_MODES
+from .planning import CUT_SELECTIONS, SEED_TRIGGERS
 
 SEED_METHODS = ("none", "seeds", "replay")
 
@@ -30,6 +31,18 @@ class SeedGRPOConfig(GRPOConfig):
             Lower bound of the length ratio `r`; the seed is cut at `k = floor(r * len(seed))`.
         cut_ratio_max (`float`, *optional*, defaults to `0.9`):
             Upper bound of the length ratio `r ~ U[cut_ratio_min, cut_ratio_max]`.
+        cut_selection (`str`, *optional*, defaults to `"ratio"`):
+            `"ratio"`: `r ~ U[cut_ratio_min, cut_ratio_max]` (the method). `"target"` (an extension, see
+            docs/target-cuts.md): per seeded group, the ratio bin whose estimated continuation pass rate is closest to
+            `target_pass_rate`, from the run's earlier continuations of that prompt and seed outcome; uniform where
+            nothing is known yet.
+        target_pass_rate (`float`, *optional*, defaults to `0.5`):
+            The pass rate of a continuation that `cut_selection="target"` aims at, strictly between 0 and 1.
+        seed_trigger (`str`, *optional*, defaults to `"fraction"`):
+            `"fraction"`: each group is seeded with probability `seed_fraction` (the method). `"zero_std"` (an
+            extension): only groups whose prompt's last plain group was all-equal are, each with probability
+            `seed_fraction`, from a successful seed for an all-failed prompt and a failed one for an all-passed
+            prompt where the bank has one (else as `seed_selection` says).
         cut_at_newline (`bool`, *optional*, defaults to `False`):
             Snap the cut to the nearest step boundary (the position after a token containing a newline).
         prefix_mode (`str`, *optional*, defaults to `"state"`):
@@ -91,6 +104,24 @@ class SeedGRPOConfig(GRPOConfig):
     )
     cut_ratio_min: float = field(default=0.1, metadata={"help": "Lower bound of the cut length ratio r."})
     cut_ratio_max: float = field(default=0.9, metadata={"help": "Upper bound of the cut length ratio r."})
+    cut_selection: str = field(
+        default="ratio",
+        metadata={
+            "help": "'ratio': uniform cut ratio (the method); 'target': the ratio bin nearest target_pass_rate.",
+            "choices": list(CUT_SELECTIONS),
+        },
+    )
+    target_pass_rate: float = field(
+        default=0.5, metadata={"help": "cut_selection='target': the continuation pass rate aimed at, in (0, 1)."}
+    )
+    seed_trigger: str = field(
+        default="fraction",
+        metadata={
+            "help": "'fraction': seed_fraction of all groups; 'zero_std': only prompts whose last plain group was "
+            "all-equal.",
+            "choices": list(SEED_TRIGGERS),
+        },
+    )
     cut_at_newline: bool = field(default=False, metadata={"help": "Snap the cut to the nearest newline boundary."})
     prefix_mode: str = field(
         default="state",
@@ -193,6 +224,7 @@ class SeedGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"cut_ratio_min ({self.cut_ratio_min}) must not exceed cut_ratio_max ({self.cut_ratio_max})."
             )
+        self._validate_extensions()
         if self.prefix_is_clip <= 0:
             raise ValueError(f"prefix_is_clip must be positive, got {self.prefix_is_clip}.")
         if self.seed_min_age < 0:
@@ -203,4 +235,30 @@ class SeedGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"replay_per_group must lie in [1, num_generations) = [1, {self.num_generations}), "
                 f"got {self.replay_per_group}."
+            )
+
+    def _validate_extensions(self) -> None:
+        """`cut_selection` and `seed_trigger` (docs/target-cuts.md): bad values and combinations, one line each."""
+        if self.cut_selection not in CUT_SELECTIONS:
+            raise ValueError(f"cut_selection must be one of {CUT_SELECTIONS}, got {self.cut_selection!r}.")
+        if self.seed_trigger not in SEED_TRIGGERS:
+            raise ValueError(f"seed_trigger must be one of {SEED_TRIGGERS}, got {self.seed_trigger!r}.")
+        if not 0.0 < self.target_pass_rate < 1.0:
+            raise ValueError(
+                f"target_pass_rate must lie strictly between 0 and 1 (e.g. 0.5), got {self.target_pass_rate}."
+            )
+        if self.cut_selection == "target" and self.seed_method != "seeds":
+            raise ValueError(
+                f"cut_selection='target' chooses where seeds are cut, and seed_method={self.seed_method!r} cuts none: "
+                "set seed_method='seeds' or cut_selection='ratio'."
+            )
+        if self.cut_selection == "target" and self.cut_ratio_min == self.cut_ratio_max:
+            raise ValueError(
+                "cut_selection='target' has a single ratio to choose from: set cut_ratio_min < cut_ratio_max, or "
+                "cut_selection='ratio'."
+            )
+        if self.seed_trigger == "zero_std" and self.seed_method == "none":
+            raise ValueError(
+                "seed_trigger='zero_std' chooses which groups to seed, and seed_method='none' seeds none: set "
+                "seed_method='seeds' (or 'replay'), or seed_trigger='fraction'."
             )

@@ -28,21 +28,27 @@ def zero_std_shares(rewards, num_generations: int, seeded, replayed=None) -> dic
     the tolerance TRL applies to the group std (`isclose`, rtol 1e-5, atol 1e-8), or when fewer than two were scored.
     Returns `ZERO_STD_SHARE_KEYS` metric names for the kinds of group present in the batch (none for an absent kind).
     """
-    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
     seeded = np.asarray(seeded, dtype=bool).reshape(-1, num_generations).any(axis=1)
     if replayed is None:
         replayed = np.zeros_like(seeded)
     else:
         replayed = np.asarray(replayed, dtype=bool).reshape(-1, num_generations).any(axis=1) & ~seeded
-    scored = ~np.isnan(rewards)
-    high = np.where(scored, rewards, -np.inf).max(axis=1)
-    low = np.where(scored, rewards, np.inf).min(axis=1)
-    all_equal = (scored.sum(axis=1) < 2) | np.isclose(high, low)
+    all_equal = all_equal_groups(rewards, num_generations)
     shares = {}
     for kind, groups in (("seeded", seeded), ("plain", ~(seeded | replayed)), ("replayed", replayed)):
         if groups.any():
             shares[ZERO_STD_SHARE_KEYS[kind]] = float(all_equal[groups].mean())
     return shares
+
+
+def all_equal_groups(rewards, num_generations: int) -> np.ndarray:
+    """Per group of `num_generations` consecutive rows: its scored rewards agree within the tolerance TRL applies to
+    the group std (`isclose`, rtol 1e-5, atol 1e-8), or fewer than two were scored (NaN: unscored)."""
+    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
+    scored = ~np.isnan(rewards)
+    high = np.where(scored, rewards, -np.inf).max(axis=1)
+    low = np.where(scored, rewards, np.inf).min(axis=1)
+    return (scored.sum(axis=1) < 2) | np.isclose(high, low)
 
 
 def log_zero_std_shares(metrics, rewards_per_func, reward_weights, num_generations: int, seeded=None, replayed=None):

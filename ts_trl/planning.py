@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from .bank import Seed, SeedBank
-from .cutting import Cut, draw_cut
+from .cutting import Cut, admissible_ratios, draw_cut
+from .group_signal import all_equal_groups
 
-PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate") and mean reward
+PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate"), mean reward, cut counts
+CUT_SELECTIONS = ("ratio", "target")
+SEED_TRIGGERS = ("fraction", "zero_std")
+TARGET_RATIO_BINS = 4  # equal-width bins of [cut_ratio_min, cut_ratio_max] that cut_selection="target" picks among
+CUT_PRIOR_STRENGTH = 2.0  # pseudo-continuations of the Beta prior of a bin's pass rate (docs/target-cuts.md)
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +42,8 @@ class GroupPlan:
     global_replayed: np.ndarray
     group_keys: list[str]  # prompt id of every group of the global batch
     global_seed_age: list[float] = field(default_factory=list)  # per seeded group
+    group_cut_ratios: list[float | None] = field(default_factory=list)  # per group: the cut's drawn ratio r
+    group_seed_passed: list[bool | None] = field(default_factory=list)  # per group: whether its seed succeeded
     num_groups: int = 0
     num_eligible_groups: int = 0
     num_refused_cuts: int = 0  # groups drawn for seeding whose seed admits no cut in the ratio range and the budget
@@ -43,6 +51,81 @@ class GroupPlan:
     @property
     def any_seeded(self) -> bool:
         return any(c is not None for c in self.cuts)
+
+
+class CutOutcomes:
+    """Pass rates of continuations by prompt, seed outcome and ratio bin, for `cut_selection="target"`.
+
+    The ratio range `[low, high]` is split into `TARGET_RATIO_BINS` equal bins. For a prompt and a seed that passed
+    (or failed), the pass rate of a continuation cut in bin `b` has a Beta prior of strength `CUT_PRIOR_STRENGTH`
+    whose mean runs linearly from the prompt's own pass rate (`r = 0`: nothing of the seed kept) to the seed's
+    outcome (`r = 1`: the whole seed), evaluated at the bin centre. Every earlier seeded group of that prompt, cut
+    from a seed of the same outcome in that bin, adds its passes and trials (older counts decayed by
+    `PASS_RATE_DECAY`). The estimate is the posterior mean, made monotone in `r` (non-decreasing for a seed that
+    passed, non-increasing for one that failed: more of it kept, more like it) by a weighted pool-adjacent-violators
+    fit with weights `trials + CUT_PRIOR_STRENGTH`. `choose` picks the bin whose estimate is closest to
+    `target` (ties: the earliest cut), or None where the prompt has neither counts nor a pass rate (the caller then
+    draws uniformly, as `cut_selection="ratio"` does). Pure NumPy on data every rank shares.
+    """
+
+    def __init__(self, low: float, high: float, target: float, counts: dict | None = None):
+        self.edges = np.linspace(low, high, TARGET_RATIO_BINS + 1)
+        self.target = target
+        # prompt id -> "passed"/"failed" (the seed's outcome) -> per bin [passes, trials]
+        self.counts: dict[str, dict[str, list[list[float]]]] = self.copy(counts or {})
+
+    @staticmethod
+    def copy(counts: dict) -> dict:
+        """A deep copy of `counts` (prompt -> seed outcome -> per bin [passes, trials]), e.g. for a checkpoint."""
+        return {key: {o: [list(cell) for cell in cells] for o, cells in by.items()} for key, by in counts.items()}
+
+    def estimates(self, key: str, seed_passed: bool, prompt_rate: float | None) -> np.ndarray | None:
+        """Posterior mean pass rate per bin, or None when nothing is known of the prompt."""
+        cells = self.counts.get(key, {}).get(_outcome(seed_passed))
+        if cells is None and prompt_rate is None:
+            return None
+        passes, trials = np.array(cells if cells is not None else [[0.0, 0.0]] * TARGET_RATIO_BINS).T
+        centres = (self.edges[:-1] + self.edges[1:]) / 2
+        rate = 0.5 if prompt_rate is None else prompt_rate
+        prior = (1 - centres) * rate + centres * float(seed_passed)
+        weights = trials + CUT_PRIOR_STRENGTH
+        return monotone_fit((passes + CUT_PRIOR_STRENGTH * prior) / weights, weights, increasing=seed_passed)
+
+    def choose(self, key: str, seed_passed: bool, prompt_rate: float | None, bounds) -> tuple[float, float] | None:
+        """The ratio range (a bin, within the admissible `bounds`) to draw the cut from; None: draw uniformly."""
+        estimates = self.estimates(key, seed_passed, prompt_rate)
+        if estimates is None or bounds is None:
+            return None
+        low, high = bounds
+        fits = (self.edges[:-1] < high) & (self.edges[1:] > low)
+        if not fits.any():
+            return None
+        b = int(np.argmin(np.where(fits, np.abs(estimates - self.target), np.inf)))
+        return max(float(self.edges[b]), low), min(float(self.edges[b + 1]), high)
+
+    def observe(self, key: str, seed_passed: bool, ratio: float, passes: float, trials: float) -> None:
+        b = int(np.clip(np.searchsorted(self.edges, ratio, side="right") - 1, 0, TARGET_RATIO_BINS - 1))
+        cells = self.counts.setdefault(key, {}).setdefault(
+            _outcome(seed_passed), [[0.0, 0.0] for _ in range(TARGET_RATIO_BINS)]
+        )
+        cells[b] = [PASS_RATE_DECAY * cells[b][0] + passes, PASS_RATE_DECAY * cells[b][1] + trials]
+
+
+def monotone_fit(values: np.ndarray, weights: np.ndarray, increasing: bool = True) -> np.ndarray:
+    """The weighted least-squares non-decreasing (else non-increasing) fit to `values`: pool adjacent violators."""
+    sign = 1.0 if increasing else -1.0
+    blocks: list[list[float]] = []  # [mean, weight, bins] per pooled block
+    for value, weight in zip(sign * np.asarray(values, dtype=np.float64), weights):
+        blocks.append([float(value), float(weight), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight, size = blocks.pop()
+            last = blocks[-1]
+            blocks[-1] = [(last[0] * last[1] + mean * weight) / (last[1] + weight), last[1] + weight, last[2] + size]
+    return sign * np.repeat([b[0] for b in blocks], [int(b[2]) for b in blocks])
+
+
+def _outcome(passed: bool) -> str:
+    return "passed" if passed else "failed"
 
 
 class GroupPlanner:
@@ -69,13 +152,22 @@ class GroupPlanner:
         self.boundary_token_ids = boundary_token_ids
         self.pass_rates: dict[str, float] = {}  # prompt id -> moving pass rate of its plain (unseeded) rollouts
         self.reward_means: dict[str, float] = {}  # prompt id -> moving mean reward of its plain rollouts
+        # prompt id -> its last whole plain group: 1 all-equal and passed, -1 all-equal and failed, 0 mixed
+        self.last_plain: dict[str, int] = {}
+        self.cut_outcomes = self._cut_outcomes()
         self._generation_key = (-1, 0)  # (global step, generations at that step)
+
+    def _cut_outcomes(self, counts: dict | None = None) -> CutOutcomes:
+        args = self.args
+        return CutOutcomes(args.cut_ratio_min, args.cut_ratio_max, args.target_pass_rate, counts)
 
     def reset(self, state: dict | None = None) -> None:
         """Starts a run: empty statistics, or those a checkpoint kept (`state()`)."""
         state = state or {}
         self.pass_rates = dict(state.get("pass_rates", {}))
         self.reward_means = dict(state.get("reward_means", {}))
+        self.last_plain = dict(state.get("last_plain", {}))
+        self.cut_outcomes = self._cut_outcomes(state.get("cut_outcomes"))
         self._generation_key = (-1, 0)
 
     def plan(
@@ -100,6 +192,8 @@ class GroupPlanner:
         # torch RNG that TRL's sampling uses is never touched (seed_fraction=0 reproduces GRPOTrainer exactly).
         rng = np.random.default_rng([args.seed, step, count])
         wanted = rng.random(len(group_keys)) < args.seed_fraction
+        if args.seed_trigger == "zero_std":  # rescue seeding: only prompts whose last plain group taught nothing
+            wanted &= np.array([self.last_plain.get(key, 0) != 0 for key in group_keys], dtype=bool)
         candidates = self._sample(bank, group_keys, step, rng)
         if args.seed_method == "replay":
             rows = self._plan_replay(bank, group_keys, wanted, candidates, rng, step, first_row, local_size)
@@ -109,31 +203,31 @@ class GroupPlanner:
         return GroupPlan(step=step, count=count, group_keys=list(group_keys), num_groups=len(group_keys), **rows)
 
     def _sample(self, bank: SeedBank, group_keys: Sequence[str], step: int, rng: np.random.Generator):
+        """One seed per group as `seed_selection` says; with `seed_trigger="zero_std"`, a successful seed for a prompt
+        whose last plain group all failed and a failed one for an all-passed prompt first, where the bank has one."""
         args = self.args
-        return bank.sample(
-            group_keys, step, rng, args.seed_selection, args.seed_min_age, args.seed_snapshot_only, self.pass_rates
-        )
+        sample = partial(bank.sample, group_keys, step, rng, min_age=args.seed_min_age)
+        chosen = sample(args.seed_selection, snapshot_only=args.seed_snapshot_only, pass_rates=self.pass_rates)
+        if args.seed_trigger != "zero_std":
+            return chosen
+        rates = {key: 0.0 if equal < 0 else 1.0 for key, equal in self.last_plain.items() if equal}
+        preferred = sample("passrate", snapshot_only=args.seed_snapshot_only, pass_rates=rates)
+        return [p if p is not None else c for p, c in zip(preferred, chosen)]
 
     def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size, lengths) -> dict:
         """`seed_method="seeds"`: every row of a chosen group continues from the same cut of the same seed.
 
-        The ratio is drawn over the part of `[cut_ratio_min, cut_ratio_max]` that the budget admits; a seed that no
-        ratio in that range can cut (e.g. much longer than the budget) leaves its group plain, and is counted.
+        The ratio is drawn over the part of `[cut_ratio_min, cut_ratio_max]` that the budget admits (with
+        `cut_selection="target"`, of the bin `CutOutcomes.choose` picks); a seed that no ratio in that range can cut
+        (e.g. much longer than the budget) leaves its group plain, and is counted.
         """
-        args, G = self.args, self.num_generations
+        G = self.num_generations
         group_seeds, group_cuts, refused = [], [], 0
         for g, (want, seed) in enumerate(zip(wanted, candidates)):
             cut = None
             if seed is not None:
-                cut = draw_cut(
-                    seed.completion_ids,
-                    rng,
-                    args.cut_ratio_min,
-                    args.cut_ratio_max,
-                    self.eos_token_ids,
-                    self._cut_budget(lengths[g] if lengths is not None else None),
-                    self.boundary_token_ids,
-                )
+                budget = self._cut_budget(lengths[g] if lengths is not None else None)
+                cut = self._cut(seed, group_keys[g], rng, budget)
                 refused += bool(want and cut is None)
             if not want or cut is None:
                 seed, cut = None, None
@@ -146,11 +240,25 @@ class GroupPlanner:
             global_seeded=np.repeat([c is not None for c in group_cuts], G),
             global_prefix_len=np.repeat([c.k if c is not None else 0 for c in group_cuts], G),
             global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
+            group_cut_ratios=[c.ratio if c is not None else None for c in group_cuts],
+            group_seed_passed=[self._passed(s) if s is not None else None for s in group_seeds],
             num_eligible_groups=sum(s is not None for s in candidates),
             num_refused_cuts=refused,
             replayed=[False] * local_size,
             global_replayed=np.zeros(len(group_keys) * G, dtype=bool),
         )
+
+    def _cut(self, seed: Seed, key: str, rng: np.random.Generator, budget: int) -> Cut | None:
+        args, ids = self.args, seed.completion_ids
+        low, high = args.cut_ratio_min, args.cut_ratio_max
+        if args.cut_selection == "target":
+            bounds = admissible_ratios(ids, self.eos_token_ids, budget, low, high)
+            chosen = self.cut_outcomes.choose(key, self._passed(seed), self.pass_rates.get(key), bounds)
+            low, high = chosen or (low, high)
+        return draw_cut(ids, rng, low, high, self.eos_token_ids, budget, self.boundary_token_ids)
+
+    def _passed(self, seed: Seed) -> bool:
+        return bool(seed.reward > self.args.success_threshold)
 
     def _cut_budget(self, prompt_length: int | None) -> int:
         """The budget a cut must leave: generation runs up to `budget` tokens past `prompt + k` whatever the row's
@@ -207,10 +315,32 @@ class GroupPlanner:
                 scored = rewards[rows][plain[rows]]
                 if np.isfinite(scored).any():
                     _decay_into(self.reward_means, key, float(np.nanmean(scored)))
+        if self.args.seed_trigger == "zero_std":
+            self._observe_plain_groups(plan, rewards, passed, plain)
+        if self.args.cut_selection == "target":
+            for g, (ratio, seed_passed) in enumerate(zip(plan.group_cut_ratios, plan.group_seed_passed)):
+                if ratio is not None:
+                    passes = float(passed[g * G : (g + 1) * G].sum())
+                    self.cut_outcomes.observe(plan.group_keys[g], seed_passed, ratio, passes, G)
+
+    def _observe_plain_groups(self, plan: GroupPlan, rewards: np.ndarray, passed: np.ndarray, plain) -> None:
+        """Keeps, per prompt, whether its last whole plain group was all-equal (`seed_trigger="zero_std"`)."""
+        G = self.num_generations
+        equal = all_equal_groups(rewards, G)
+        for g, key in enumerate(plan.group_keys):
+            if plain[g * G : (g + 1) * G].all():
+                self.last_plain[key] = (1 if passed[g * G : (g + 1) * G].mean() >= 0.5 else -1) if equal[g] else 0
 
     def state(self) -> dict:
         """What a checkpoint must keep for a resumed run to plan the same seeds (JSON-serialisable)."""
-        return {"planner": {"pass_rates": dict(self.pass_rates), "reward_means": dict(self.reward_means)}}
+        return {
+            "planner": {
+                "pass_rates": dict(self.pass_rates),
+                "reward_means": dict(self.reward_means),
+                "last_plain": dict(self.last_plain),
+                "cut_outcomes": CutOutcomes.copy(self.cut_outcomes.counts),
+            }
+        }
 
 
 def _decay_into(stats: dict[str, float], key: str, value: float) -> None:

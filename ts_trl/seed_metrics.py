@@ -91,3 +91,22 @@ def generated_length_metrics(
     values = (lengths.mean(), lengths.min(), lengths.max(), clipped.float().mean())
     values += (terminated.mean(), terminated.min(), terminated.max())
     return {key: value.item() for key, value in zip(LENGTH_METRICS, values)}
+
+
+def cut_metrics(plan: GroupPlan, passed: np.ndarray, args) -> dict[str, float]:
+    """Where seeded groups were cut and how their continuations did, against `cut_selection="target"`'s target.
+
+    `passed` holds one success per global row; `args` is the `SeedGRPOConfig`. Nothing for a batch without seeded
+    groups; else the mean ratio `r` of the drawn cuts (`seeds/mean_cut_ratio`), the pass rate of seeded rows
+    (`seeds/seeded_pass_rate`), and with `cut_selection="target"` the target itself (`seeds/target_pass_rate`).
+    """
+    ratios = [r for r in plan.group_cut_ratios if r is not None]
+    if not ratios or not plan.global_seeded.any():
+        return {}
+    values = {
+        "seeds/mean_cut_ratio": float(np.mean(ratios)),
+        "seeds/seeded_pass_rate": float(np.asarray(passed, dtype=bool)[plan.global_seeded].mean()),
+    }
+    if args.cut_selection == "target":
+        values["seeds/target_pass_rate"] = args.target_pass_rate
+    return values

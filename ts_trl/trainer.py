@@ -50,7 +50,7 @@ from .old_tokens import old_token_inputs, weight_old_tokens
 from .planning import GroupPlan, GroupPlanner, state_advantages
 from .schedule import SeedingWatch, check_seeding
 from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
-from .seed_metrics import generated_length_metrics, seed_metrics
+from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
 from .snapshots import (
     SeedSnapshotCallback,
     SeedStore,
@@ -280,6 +280,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         values.update(
             zero_std_shares(total.cpu().numpy(), self.num_generations, plan.global_seeded, plan.global_replayed)
         )
+        values.update(cut_metrics(plan, success, self.args))
         for key, value in values.items():
             self._metrics["train"][key].append(value)
 
