@@ -46,6 +46,33 @@ def count_reward(completions, **kwargs):
     return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
 
 
+def rescue_reward(completions, prompts, **kwargs):
+    """For seed_trigger="zero_std": tiny prompt i always fails (i % 3 == 0), always passes (i % 3 == 2), or gets
+    `count_reward` (mostly spread), so that all-equal plain groups of both kinds recur in a few steps."""
+    spread = count_reward(completions)
+    kinds = [int(str(p).split(":")[1].split("+")[0]) % 3 for p in prompts]
+    return [0.0 if kind == 0 else 1.0 if kind == 2 else r for kind, r in zip(kinds, spread)]
+
+
+# The extension switches of docs/target-cuts.md, as the trainings that cover them turn them on.
+TARGET_CUTS = dict(cut_selection="target", seed_trigger="zero_std", reward=rescue_reward)
+
+
+def assert_target_cuts(trainer) -> None:
+    """A run with `TARGET_CUTS` seeded only prompts whose last plain group was all-equal, cut where the planner chose,
+    and logged the cut metrics."""
+    args, planner = trainer.args, trainer.planner
+    assert set(planner.last_plain.values()) >= {-1}, planner.last_plain  # rescue_reward's always-failing prompts
+    assert planner.cut_outcomes.counts, "no continuation outcome was counted"
+    assert set(logged(trainer, "seeds/target_pass_rate")) == {args.target_pass_rate}
+    ratios = logged(trainer, "seeds/mean_cut_ratio")
+    assert ratios and all(args.cut_ratio_min <= r <= args.cut_ratio_max for r in ratios), ratios
+    assert all(0.0 <= p <= 1.0 for p in logged(trainer, "seeds/seeded_pass_rate"))
+    rows = seed_rows(args.output_dir, by_id=True)
+    kinds = {int(r["prompt"].split(":")[1].split("+")[0]) % 3 for r in rows.values() if r["seed_origin"]}
+    assert kinds & {0, 2}, kinds  # the prompts that are always all-equal were seeded
+
+
 def seed_manifest(output_dir) -> dict:
     """A run's seed manifest (`seeds/manifest.json`), as written."""
     return json.loads((Path(output_dir) / "seeds" / "manifest.json").read_text())

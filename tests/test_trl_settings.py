@@ -10,11 +10,20 @@ under every loss TRL offers.
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import logged, recomputed_logprobs, seed_rows, seeded_action_batch, tiny_prompts
+from tests.conftest import (
+    TARGET_CUTS,
+    assert_target_cuts,
+    logged,
+    recomputed_logprobs,
+    seed_rows,
+    seeded_action_batch,
+    tiny_prompts,
+)
 
 # How rollouts are sampled and consumed: the first three reuse one generation for several optimizer steps, where TRL's
 # old log-probs and a later training forward part ways; the last reshapes the sampler's distribution around the
@@ -22,7 +31,8 @@ from tests.conftest import logged, recomputed_logprobs, seed_rows, seeded_action
 SAMPLING = {
     "num_iterations=2": dict(num_iterations=2),
     "steps_per_generation=2": dict(steps_per_generation=2),
-    "gradient_accumulation_steps=2": dict(gradient_accumulation_steps=2),
+    # With the switches of docs/target-cuts.md on, which change which groups are seeded and where they are cut.
+    "gradient_accumulation_steps=2,target_cuts": dict(gradient_accumulation_steps=2, **TARGET_CUTS),
     "top_k=5,top_p=0.9,repetition_penalty=1.3": dict(top_k=5, top_p=0.9, repetition_penalty=1.3),
 }
 
@@ -53,6 +63,8 @@ def _train(make_trainer, **settings):
     losses = logged(trainer, "loss")
     assert losses and all(math.isfinite(x) for x in losses), losses
     assert max(logged(trainer, "seeds/seeded_group_share")) > 0, "some groups should be seeded"
+    if settings.get("cut_selection") == "target":
+        assert_target_cuts(trainer)
     return trainer
 
 
@@ -68,8 +80,11 @@ def _assert_banks_the_sampling_policy(trainer, tokenizer):
         for row in [r for r in rows if r["step"] == step]:
             k = row["prefix_len"]  # prefix tokens keep the seed's own behaviour log-probs
             expected = recomputed_logprobs(model, tokenizer, row)
-            # abs=5e-3: training scores the row inside a padded batch, which shifts float rounding slightly
-            assert row["logprobs"][k:] == pytest.approx(expected[k:], abs=5e-3), (step, row["rollout_id"])
+            # Training scores the row inside a padded batch, which shifts float rounding: measured up to 7.7e-3 on
+            # one token (a row's mean <= 8e-4; the continuous-batching test), while the weights of one step earlier
+            # are off by >= 2e-2 on a row's mean and >= 7e-2 at its worst token. So: the mean close, no token far.
+            errors = np.abs(np.array(row["logprobs"][k:]) - np.array(expected[k:]))
+            assert errors.mean() < 2e-3 and errors.max() < 1.5e-2, (step, row["rollout_id"], errors.tolist())
             checked += 1
     assert checked >= 8
 
@@ -105,8 +120,9 @@ def test_prefix_actions_train_under_every_loss(make_trainer, settings):
 
 
 def test_continuous_batching_continues_seeds_within_their_budget(make_trainer, tokenizer):
-    """transformers' continuous batching (no forced prefixes) gets the spliced prompts and the budget they leave."""
-    trainer = _train(make_trainer, use_transformers_continuous_batching=True)
+    """transformers' continuous batching (no forced prefixes) gets the spliced prompts and the budget they leave, with
+    the cuts and the seeded groups chosen by the switches of docs/target-cuts.md."""
+    trainer = _train(make_trainer, use_transformers_continuous_batching=True, **TARGET_CUTS)
     _assert_banks_the_sampling_policy(trainer, tokenizer)
     continued = [r for r in seed_rows(trainer.args.output_dir) if r["seed_origin"] is not None]
     assert continued

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import TINY_SETTINGS, seed_rows
+from tests.conftest import TARGET_CUTS, TINY_SETTINGS, assert_target_cuts, seed_rows
 from tests.vllm_server import FakeLLM, FakeWeightReceiver, LocalVLLMServer, pretend_vllm_is_installed, rule_logprob
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,8 @@ def _check_rollouts(tokenizer, output_dir, requests, answers, settings) -> list[
 
 CASES = [
     pytest.param({"seed_fraction": 0.5, "prefix_mode": "state"}, id="seeded-state"),
-    pytest.param({"seed_fraction": 1.0, "prefix_mode": "action"}, id="seeded-action"),
+    # With the switches of docs/target-cuts.md on (in server and colocate mode alike).
+    pytest.param({"seed_fraction": 1.0, "prefix_mode": "action", **TARGET_CUTS}, id="seeded-action-target-cuts"),
     pytest.param({"seed_fraction": 0.0, "prefix_mode": "state"}, id="unseeded"),
 ]
 
@@ -105,6 +106,8 @@ def test_server_mode_sends_spliced_prompts_with_their_budgets(settings, vllm_ser
 
     assert any("loss" in h for h in trainer.state.log_history)
     _check_server(vllm_server, trainer.processing_class, trainer.args.output_dir, trainer.state.global_step, settings)
+    if "cut_selection" in settings:
+        assert_target_cuts(trainer)
 
 
 def _check_server(server, tokenizer, output_dir, steps, settings) -> list[dict]:
@@ -168,6 +171,8 @@ def test_colocate_mode_sends_spliced_prompts_with_their_budgets(settings, fake_l
         requests.setdefault(tuple(request["prompt_token_ids"]), set()).add(request["max_tokens"])
     _check_rollouts(trainer.processing_class, trainer.args.output_dir, requests, llm.answers, settings)
     assert llm.loaded_weights and llm.prefix_cache_resets == trainer.state.global_step
+    if "cut_selection" in settings:
+        assert_target_cuts(trainer)
 
 
 def test_colocate_mode_refuses_prompts_the_engine_cannot_hold_before_training(fake_llm, make_trainer):
