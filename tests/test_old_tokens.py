@@ -106,10 +106,15 @@ def test_two_ranks_with_one_seeded_match_one_rank(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((tmp_path / "two" / "losses.json").read_text())
-    for mode in ("action", "replay"):
+    for mode in ("action", "replay", "target"):
         one = run_two_prompt_modes(mode, tmp_path / "one", num_processes=1)
         assert len(one["loss"]) == 3 and one["seeds/prefix_is_ratio_mean"]
         assert two[mode]["loss"] == pytest.approx(one["loss"], rel=1e-2, abs=2e-3)
         assert two[mode]["seeds/prefix_is_ratio_mean"] == pytest.approx(one["seeds/prefix_is_ratio_mean"], rel=1e-2)
         assert two[mode]["seeds/seeded_group_share"] == one["seeds/seeded_group_share"]
         assert two[mode]["seeds/replayed_rows"] == one["seeds/replayed_rows"]
+        assert two[mode]["seeds/mean_cut_ratio"] == one["seeds/mean_cut_ratio"]  # the same cuts on one and two ranks
+        assert two[mode]["planner"] == one["planner"]  # and the same statistics to plan the next ones
+    # Rescue seeding: nothing seeded before the first prompt's all-failed plain group, then only that prompt
+    assert one["seeds/seeded_group_share"] == [0.0, 0.5, 0.5] and one["planner"]["last_plain"]
+    assert one["planner"]["cut_outcomes"] and set(one["planner"]["cut_outcomes"].popitem()[1]) == {"passed"}

@@ -231,13 +231,14 @@ def test_planner_counts_continuations_by_prompt_outcome_and_bin():
     assert list(planner.cut_outcomes.counts) == ["a"]  # the plain group of "c" counts only in pass_rates
 
 
-def test_rescue_seeding_seeds_only_all_equal_prompts_against_their_outcome():
+@pytest.mark.parametrize("selection", ["uniform", "passrate"])  # passrate would ask "c" for a failed seed too
+def test_rescue_seeding_seeds_only_all_equal_prompts_against_their_outcome(selection):
     bank = SeedBank()
     _rollouts(bank, "a", [(8, 0.0), (8, 1.0), (8, 0.0), (8, 0.0)])  # one passed seed among failed ones
     _rollouts(bank, "b", [(8, 0.0), (8, 1.0)])
     _rollouts(bank, "c", [(8, 1.0), (8, 1.0)])  # no failed seed: any seed will do
     bank.mark_snapshotted()
-    planner = GroupPlanner(_args(seed_trigger="zero_std"), G, 64, {EOS})
+    planner = GroupPlanner(_args(seed_trigger="zero_std", seed_selection=selection), G, 64, {EOS})
     keys = ["a"] * G + ["b"] * G + ["c"] * G + ["d"] * G
     assert not planner.plan(bank, keys, 3, 0, 4 * G).any_seeded  # no plain group seen yet
     rewards = np.array([0, 0, 0, 0] + [0, 1, 0, 1] + [1, 1, 1, 1] + [1, 1, 1, 1], dtype=float)

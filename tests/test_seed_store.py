@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from accelerate import Accelerator
 
-from tests.conftest import seed_rows, tiny_prompts
+from tests.conftest import TARGET_CUTS, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.bank import Rollout
 from ts_trl.snapshots import PendingRollout, SeedStore
@@ -69,14 +69,23 @@ def test_save_strategy_no_without_a_shard_cadence_is_refused(tmp_path):
     SeedGRPOConfig(str(tmp_path), save_strategy="no", seed_snapshot_only=False, use_cpu=True, report_to=[])
 
 
-def test_resumed_run_plans_the_same_seeds_from_its_pass_rates(make_trainer):
+@pytest.mark.parametrize(
+    "extension",
+    # docs/target-cuts.md: every prompt whose last plain group was all-equal ("Q: 2+3=" always passes) is seeded
+    # from its second batch on, step 2; resumed from checkpoint-3, after continuations were counted
+    [{}, dict(TARGET_CUTS, save_steps=1, seed_fraction=1.0, max_steps=5)],
+    ids=["paper", "target-cuts"],
+)
+def test_resumed_run_plans_the_same_seeds_from_its_pass_rates(make_trainer, extension):
     class Spy(SeedGRPOTrainer):
         def _plan_groups(self, inputs):
+            state = json.dumps(self.planner.state(), sort_keys=True)  # what the plan below was made from
             plan = super()._plan_groups(inputs)
             self.plans[plan.step] = (
                 [s.rollout_id if s is not None else None for s in plan.seeds],
-                [c.k if c is not None else 0 for c in plan.cuts],
+                [(c.k, c.ratio) if c is not None else 0 for c in plan.cuts],
                 dict(self.planner.pass_rates),
+                state,
             )
             return plan
 
@@ -93,6 +102,7 @@ def test_resumed_run_plans_the_same_seeds_from_its_pass_rates(make_trainer):
         max_steps=3,
         save_steps=2,
     )
+    settings.update(extension)
     Spy.plans = {}
     first = make_trainer(**settings)
     first.train()
@@ -100,9 +110,12 @@ def test_resumed_run_plans_the_same_seeds_from_its_pass_rates(make_trainer):
     assert uninterrupted[2][2], "the run should have measured pass rates by step 2"
     Spy.plans = {}
     resumed = make_trainer(**settings)
-    resumed.train(resume_from_checkpoint=str(Path(first.args.output_dir) / "checkpoint-2"))
-    assert min(Spy.plans) == 2 and any(uninterrupted[2][0])  # step 2, the first after the checkpoint, is seeded
-    assert Spy.plans[2] == uninterrupted[2]  # same pass rates, hence the same seeds and cuts
+    at = 3 if extension else 2
+    resumed.train(resume_from_checkpoint=str(Path(first.args.output_dir) / f"checkpoint-{at}"))
+    assert min(Spy.plans) == at and any(uninterrupted[at][0])  # the first step after the checkpoint is seeded
+    assert Spy.plans == {step: plan for step, plan in uninterrupted.items() if step >= at}  # same statistics, cuts
+    if extension:
+        assert json.loads(uninterrupted[at][3])["planner"]["cut_outcomes"], "nothing counted before the checkpoint"
 
 
 def correct(completions, **kwargs):

@@ -19,7 +19,12 @@ from trl import GRPOTrainer
 
 GROUP = 4
 PROMPTS = ["Q: 1+2=", "Q: 2+3="]  # seeds exist for the first prompt only
-MODES = {"action": dict(seed_method="seeds", prefix_mode="action"), "replay": dict(seed_method="replay")}
+MODES = {
+    "action": dict(seed_method="seeds", prefix_mode="action"),
+    "replay": dict(seed_method="replay"),
+    # docs/target-cuts.md: the first prompt always fails, so it is seeded (from its passed seed) from step 1 on
+    "target": dict(seed_method="seeds", prefix_mode="action", cut_selection="target", seed_trigger="zero_std"),
+}
 
 
 def _stand_in_generation(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -61,6 +66,10 @@ def count_reward(completions, **kwargs):
     return [float(sum(ch.isdigit() for ch in c) % 2 == 0) + 0.01 * len(c) for c in completions]
 
 
+def first_prompt_fails(completions, prompts, **kwargs):
+    return [0.0 if p == PROMPTS[0] else r for p, r in zip(prompts, count_reward(completions))]
+
+
 def run(mode: str, output_dir: Path, num_processes: int) -> dict:
     from datasets import Dataset
 
@@ -89,7 +98,7 @@ def run(mode: str, output_dir: Path, num_processes: int) -> dict:
     )
     trainer = SeedGRPOTrainer(
         model=build_tiny_model(tokenizer),
-        reward_funcs=count_reward,
+        reward_funcs=first_prompt_fails if mode == "target" else count_reward,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         processing_class=tokenizer,
@@ -102,7 +111,9 @@ def run(mode: str, output_dir: Path, num_processes: int) -> dict:
         GRPOTrainer._generate_single_turn = real_generation
     history = trainer.state.log_history
     keys = ("loss", "seeds/prefix_is_ratio_mean", "seeds/replayed_rows", "seeds/seeded_group_share")
-    return {key: [h[key] for h in history if key in h] for key in keys}
+    keys += ("seeds/mean_cut_ratio", "seeds/seeded_pass_rate")
+    results = {key: [h[key] for h in history if key in h] for key in keys}
+    return {**results, "planner": trainer.planner.state()["planner"]}
 
 
 if __name__ == "__main__":

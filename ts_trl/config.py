@@ -42,7 +42,7 @@ class SeedGRPOConfig(GRPOConfig):
             `"fraction"`: each group is seeded with probability `seed_fraction` (the method). `"zero_std"` (an
             extension): only groups whose prompt's last plain group was all-equal are, each with probability
             `seed_fraction`, from a successful seed for an all-failed prompt and a failed one for an all-passed
-            prompt where the bank has one (else as `seed_selection` says).
+            prompt where the bank has one (else as `seed_selection` says, else any eligible seed).
         cut_at_newline (`bool`, *optional*, defaults to `False`):
             Snap the cut to the nearest step boundary (the position after a token containing a newline).
         prefix_mode (`str`, *optional*, defaults to `"state"`):

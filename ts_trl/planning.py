@@ -203,8 +203,9 @@ class GroupPlanner:
         return GroupPlan(step=step, count=count, group_keys=list(group_keys), num_groups=len(group_keys), **rows)
 
     def _sample(self, bank: SeedBank, group_keys: Sequence[str], step: int, rng: np.random.Generator):
-        """One seed per group as `seed_selection` says; with `seed_trigger="zero_std"`, a successful seed for a prompt
-        whose last plain group all failed and a failed one for an all-passed prompt first, where the bank has one."""
+        """One seed per group as `seed_selection` says. With `seed_trigger="zero_std"`, a successful seed for a prompt
+        whose last plain group all failed and a failed one for an all-passed prompt come first, where the bank has
+        one; else the `seed_selection` one; else any eligible seed."""
         args = self.args
         sample = partial(bank.sample, group_keys, step, rng, min_age=args.seed_min_age)
         chosen = sample(args.seed_selection, snapshot_only=args.seed_snapshot_only, pass_rates=self.pass_rates)
@@ -212,6 +213,9 @@ class GroupPlanner:
             return chosen
         rates = {key: 0.0 if equal < 0 else 1.0 for key, equal in self.last_plain.items() if equal}
         preferred = sample("passrate", snapshot_only=args.seed_snapshot_only, pass_rates=rates)
+        if args.seed_selection != "uniform":
+            anything = sample("uniform", snapshot_only=args.seed_snapshot_only)
+            chosen = [c if c is not None else a for c, a in zip(chosen, anything)]
         return [p if p is not None else c for p, c in zip(preferred, chosen)]
 
     def _plan_cuts(self, group_keys, wanted, candidates, rng, step, first_row, local_size, lengths) -> dict:
