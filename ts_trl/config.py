@@ -13,6 +13,11 @@ from .planning import CUT_SELECTIONS, SEED_TRIGGERS
 SEED_METHODS = ("none", "seeds", "replay")
 
 
+def _choice(default: str, choices: tuple[str, ...], help: str):
+    """A string field that the command line restricts to `choices`."""
+    return field(default=default, metadata={"help": help, "choices": list(choices)})
+
+
 @dataclass
 class SeedGRPOConfig(GRPOConfig):
     r"""
@@ -92,51 +97,30 @@ class SeedGRPOConfig(GRPOConfig):
             means the base model's and the training data's terms apply.
     """
 
-    seed_method: str = field(
-        default="seeds",
-        metadata={
-            "help": "'none' (plain GRPO), 'seeds' (Thinking Seeds) or 'replay' (off-policy replay baseline).",
-            "choices": list(SEED_METHODS),
-        },
+    seed_method: str = _choice(
+        "seeds", SEED_METHODS, "'none' (plain GRPO), 'seeds' (Thinking Seeds), 'replay' (off-policy baseline)."
     )
     seed_fraction: float = field(
         default=0.5, metadata={"help": "Share of prompt groups seeded in a batch, among those with an eligible seed."}
     )
     cut_ratio_min: float = field(default=0.1, metadata={"help": "Lower bound of the cut length ratio r."})
     cut_ratio_max: float = field(default=0.9, metadata={"help": "Upper bound of the cut length ratio r."})
-    cut_selection: str = field(
-        default="ratio",
-        metadata={
-            "help": "'ratio': uniform cut ratio (the method); 'target': the ratio bin nearest target_pass_rate.",
-            "choices": list(CUT_SELECTIONS),
-        },
+    cut_selection: str = _choice(
+        "ratio", CUT_SELECTIONS, "'ratio': uniform cut ratio (the method); 'target': bin nearest target_pass_rate."
     )
     target_pass_rate: float = field(
         default=0.5, metadata={"help": "cut_selection='target': the continuation pass rate aimed at, in (0, 1)."}
     )
-    seed_trigger: str = field(
-        default="fraction",
-        metadata={
-            "help": "'fraction': seed_fraction of all groups; 'zero_std': only prompts whose last plain group was "
-            "all-equal.",
-            "choices": list(SEED_TRIGGERS),
-        },
+    seed_trigger: str = _choice(
+        "fraction", SEED_TRIGGERS, "'fraction': any group; 'zero_std': those whose last plain group was all-equal."
     )
     cut_at_newline: bool = field(default=False, metadata={"help": "Snap the cut to the nearest newline boundary."})
-    prefix_mode: str = field(
-        default="state",
-        metadata={
-            "help": "'state': prefix masked from the loss; 'action': prefix trained, IS-corrected.",
-            "choices": list(PREFIX_MODES),
-        },
+    prefix_mode: str = _choice(
+        "state", PREFIX_MODES, "'state': prefix masked from the loss; 'action': prefix trained, IS-corrected."
     )
     prefix_is_clip: float = field(default=2.0, metadata={"help": "Truncation of the prefix importance ratio."})
-    seed_selection: str = field(
-        default="uniform",
-        metadata={
-            "help": "How a seed is picked among a prompt's eligible rollouts.",
-            "choices": list(SEED_SELECTIONS),
-        },
+    seed_selection: str = _choice(
+        "uniform", SEED_SELECTIONS, "How a seed is picked among a prompt's eligible rollouts."
     )
     seed_min_age: int = field(default=1, metadata={"help": "Minimum age (optimizer steps) of a seed."})
     seed_snapshot_only: bool = field(
