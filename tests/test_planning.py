@@ -278,3 +278,19 @@ def test_planner_state_survives_a_checkpoint():
     rng.bit_generator.state = rng_state
     assert run(resumed, range(7, 13)) == uninterrupted
     assert any(r is not None for cuts in uninterrupted for r in cuts)
+
+
+def test_rescue_seeding_chooses_the_replayed_rollouts_too():
+    bank = SeedBank()
+    _rollouts(bank, "a", [(8, 0.0), (8, 1.0), (8, 0.0)])
+    _rollouts(bank, "b", [(8, 0.0), (8, 1.0)])
+    bank.mark_snapshotted()
+    planner = GroupPlanner(_args(seed_method="replay", replay_per_group=2, seed_trigger="zero_std"), G, 64, {EOS})
+    keys = ["a"] * G + ["b"] * G
+    plan = planner.plan(bank, keys, 3, 0, 2 * G)
+    assert not any(plan.replayed)  # no plain group seen yet: nothing replayed
+    rewards = np.array([0, 0, 0, 0] + [0, 1, 0, 1], dtype=float)  # "a" all failed, "b" spread
+    planner.observe(plan, rewards, rewards > 0)
+    plan = planner.plan(bank, keys, 4, 0, 2 * G)
+    assert plan.replayed == [False, False, True, True] + [False] * G
+    assert [s.rollout_id for s in plan.seeds[2:4]] == ["r-a1", "r-a1"]  # the one rollout of "a" that passed
