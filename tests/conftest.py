@@ -106,6 +106,20 @@ def tiny_prompts(n: int = 8):
     return Dataset.from_dict({"prompt": [f"Q: {i}+{i + 1}=" for i in range(n)]})
 
 
+# The embedded default shrunk to seconds: a 5-step warm-up, 4 training prompts (so prompts repeat and later steps draw
+# seeds), 8 held-out ones scored once each, two groups of four a step. Its code paths are the full run's, from the warm
+# model built in memory to the saved folder and its card.
+EMBEDDED_TINY = [
+    "--embedded_warmup_steps", "5",
+    "--embedded_train_problems", "4",
+    "--embedded_eval_problems", "8",
+    "--embedded_eval_samples", "1",
+    "--per_device_train_batch_size", "8",
+    "--num_generations", "4",
+    "--max_completion_length", "16",
+]  # fmt: skip
+
+
 # Small, fast trainer settings shared by the tests; each shrunk value says why it is small.
 TINY_SETTINGS = dict(
     per_device_train_batch_size=8,  # two prompt groups per step: enough to mix seeded and plain groups

@@ -566,4 +566,5 @@ def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
     seeded = [r for r in runs if r["method"].startswith("seeds")]
     assert all(int(r["reused_tokens"]) > 0 for r in seeded), "seeded runs reused no prefix tokens"
     assert "Primary endpoint, fixed in advance" in done.stdout and "Secondary endpoints, Holm-corrected" in done.stdout
-    assert "| seeds-state | seeds-action |" in done.stdout  # the paper's claims without on-policy GRPO, paired directly
+    # the paper's claims without on-policy GRPO, paired directly
+    assert "| seeds-state | seeds-action |" in done.stdout
