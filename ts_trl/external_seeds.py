@@ -106,7 +106,8 @@ def read_external_seeds(
         completion_column=columns[1],
         rows=len(traces),
     )
-    seeds = text_seeds(args, tokenizer, traces, train_dataset, reward_funcs, reward_names, success_reward, source)
+    success = (reward_funcs, reward_names, success_reward)
+    seeds = text_seeds(args, tokenizer, traces, train_dataset, success, source, main)
     seeds.provenance = {**provenance, **seeds.provenance, "cache_key": key}
     if main:
         _write_cache(Path(args.output_dir) / CACHE_DIR, seeds)
@@ -346,10 +347,15 @@ def retokenise(tokenizer, text: str, newline_only: bool = False) -> tuple[list[i
     return ids, np.array(sorted(cuts), np.int32)
 
 
-def success_scores(traces, rows, train_dataset, reward_funcs, reward_names, success_reward, source) -> np.ndarray:
-    """The success reward of each trace, scored as this run scores its own rollouts, with a progress bar."""
+def success_scores(traces, rows, train_dataset, success, source, main=True) -> np.ndarray:
+    """The success reward of each trace, scored as this run scores its own rollouts, with a progress bar.
+
+    `success`: (the run's reward functions, their names, the success reward's name); `rows`: each trace's training row,
+    whose columns (e.g. `answer`) the reward function gets as TRL passes them.
+    """
     from tqdm.auto import tqdm
 
+    reward_funcs, reward_names, success_reward = success
     func = reward_funcs[list(reward_names).index(success_reward)]
     if not callable(func) or hasattr(func, "forward"):
         raise ValueError(
@@ -358,7 +364,8 @@ def success_scores(traces, rows, train_dataset, reward_funcs, reward_names, succ
         )
     columns = [c for c in train_dataset.column_names if c not in ("prompt", "completion", "completion_ids")]
     scores = np.full(len(traces), np.nan, np.float32)
-    for start in tqdm(range(0, len(traces), SCORE_BATCH), desc=f"Scoring the traces of {source} ({success_reward})"):
+    batches = range(0, len(traces), SCORE_BATCH)
+    for start in tqdm(batches, desc=f"Scoring the traces of {source}", disable=not main):
         batch = range(start, min(start + SCORE_BATCH, len(traces)))
         examples = [train_dataset[rows[i]] for i in batch]
         prompts = [example["prompt"] for example in examples]
@@ -367,7 +374,7 @@ def success_scores(traces, rows, train_dataset, reward_funcs, reward_names, succ
             for i, p in zip(batch, prompts)
         ]
         kwargs = {c: [example[c] for example in examples] for c in columns}
-        kwargs.update(trainer_state=None, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+        kwargs.update(trainer_state=None, log_extra=_ignore, log_metric=_ignore)
         values = func(prompts=prompts, completions=completions, completion_ids=[None] * len(batch), **kwargs)
         if inspect.isawaitable(values):
             values = asyncio.run(values)
@@ -375,63 +382,82 @@ def success_scores(traces, rows, train_dataset, reward_funcs, reward_names, succ
     return scores
 
 
-def text_seeds(args, tokenizer, traces, train_dataset, reward_funcs, reward_names, success_reward, source):
-    """The bank rows of re-tokenised traces that match a training prompt, fit the budget and (with the filter) passed."""
+def _ignore(*args, **kwargs) -> None:
+    """What a reward function's `log_extra` and `log_metric` do while traces are scored: nothing is logged."""
+
+
+def text_seeds(args, tokenizer, traces, train_dataset, success, source: str, main: bool = True) -> ExternalSeeds:
+    """The bank rows of re-tokenised traces that match a training prompt, fit the budget and (with the filter) passed.
+
+    `success`: (the run's reward functions, their names, the success reward's name), for `seed_filter="success"`.
+    """
     rows = match_prompts(traces, train_dataset, source)
     kept = [i for i, row in enumerate(rows) if row is not None]
     provenance = {"matched": len(kept)}
+    rewards = {i: traces[i].reward for i in kept}
     if args.seed_filter == "success":
         scores = success_scores(
             [traces[i] for i in kept],
             [rows[i] for i in kept],
             train_dataset,
-            reward_funcs,
-            reward_names,
-            success_reward,
+            success,
             source,
+            main,
         )
         rewards = dict(zip(kept, scores.tolist()))
         kept = [i for i in kept if rewards[i] > args.success_threshold]
-        provenance.update(filter="success", success_reward=success_reward, successful=len(kept))
+        provenance.update(filter="success", success_reward=success[2], successful=len(kept))
         if not kept:
             raise ValueError(
                 f"{source}: none of its {len(rewards)} matched traces scores above success_threshold="
-                f"{args.success_threshold} with the reward function {success_reward!r}; seed_filter='success' keeps "
+                f"{args.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
                 "none. Check the traces' answers, or leave seed_filter unset."
             )
-    else:
-        rewards = {i: traces[i].reward for i in kept}
     tokenised = {i: retokenise(tokenizer, traces[i].text, args.cut_at_newline) for i in kept}
-    too_long = [i for i in kept if len(tokenised[i][0]) > args.max_completion_length]
-    if too_long:
-        longest = max(len(tokenised[i][0]) for i in too_long)
-        raise ValueError(
-            f"{source}: {len(too_long)} of its {len(kept)} traces are longer than max_completion_length="
-            f"{args.max_completion_length} tokens once tokenised with this tokenizer (the longest: {longest}). Raise "
-            "max_completion_length, or drop the long traces from the dataset."
-        )
-    ids = [tokenised[i][0] for i in kept]
-    rollout_ids = [traces[i].rollout_id or f"trace-{i}" for i in kept]
-    prompt_ids = train_dataset["prompt_id"] if "prompt_id" in train_dataset.column_names else None
-    table = pa.table(
-        {
-            "rollout_id": pa.array(rollout_ids, pa.string()),
-            "prompt_id": pa.array(
-                [
-                    str(prompt_ids[rows[i]]) if prompt_ids else prompt_id_of(train_dataset[rows[i]]["prompt"])
-                    for i in kept
-                ],
-                pa.string(),
-            ),
-            "completion_ids": pa.array(ids, pa.list_(pa.int32())),
-            "logprobs": pa.array([[float("nan")] * len(x) for x in ids], pa.list_(pa.float32())),
-            "reward": pa.array([rewards[i] for i in kept], pa.float32()),
-            "step": pa.array([0] * len(kept), pa.int32()),
-            CUT_POSITIONS: pa.array([tokenised[i][1] for i in kept], pa.list_(pa.int32())),
-        }
+    _check_budget([len(tokenised[i][0]) for i in kept], args.max_completion_length, source)
+    prompt_ids = _prompt_ids(train_dataset)
+    table = seed_rows_table(
+        [traces[i].rollout_id or f"trace-{i}" for i in kept],
+        [prompt_ids[rows[i]] for i in kept],
+        [tokenised[i] for i in kept],
+        [rewards[i] for i in kept],
     )
     provenance["kept"] = len(kept)
     return ExternalSeeds(table, provenance, _cuts_of(table))
+
+
+def _check_budget(lengths: list[int], budget: int, source: str) -> None:
+    too_long = [n for n in lengths if n > budget]
+    if too_long:
+        raise ValueError(
+            f"{source}: {len(too_long)} of its {len(lengths)} traces are longer than max_completion_length={budget} "
+            f"tokens once tokenised with this tokenizer (the longest: {max(too_long)}). Raise max_completion_length, "
+            "or drop the long traces from the dataset."
+        )
+
+
+def _prompt_ids(train_dataset) -> list[str]:
+    """Each training row's prompt id, as the trainer keys it (`seed_batch.prompt_key`)."""
+    if "prompt_id" in train_dataset.column_names:
+        ids = train_dataset["prompt_id"]
+        return [str(i) if i is not None else prompt_id_of(p) for i, p in zip(ids, train_dataset["prompt"])]
+    return [prompt_id_of(prompt) for prompt in train_dataset["prompt"]]
+
+
+def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards) -> pa.Table:
+    """Text seeds as bank rows: this tokenizer's ids, NaN log-probs (no behaviour policy), and where each may be cut."""
+    ids = [pair[0] for pair in tokenised]
+    return pa.table(
+        {
+            "rollout_id": pa.array(rollout_ids, pa.string()),
+            "prompt_id": pa.array(prompt_ids, pa.string()),
+            "completion_ids": pa.array(ids, pa.list_(pa.int32())),
+            "logprobs": pa.array([[float("nan")] * len(x) for x in ids], pa.list_(pa.float32())),
+            "reward": pa.array(rewards, pa.float32()),
+            "step": pa.array([0] * len(ids), pa.int32()),
+            CUT_POSITIONS: pa.array([pair[1] for pair in tokenised], pa.list_(pa.int32())),
+        }
+    )
 
 
 def _cuts_of(table: pa.Table) -> dict[str, np.ndarray]:
