@@ -3,11 +3,13 @@
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from pyarrow import csv
 
 from tests.conftest import logged, seed_manifest, seed_rows
 from ts_trl.embedded import EmbeddedTask, embedded_reward
-from ts_trl.external_seeds import CACHE_DIR, read_traces, retokenise
+from ts_trl.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
 from ts_trl.seed_data import tokenizer_fingerprint
 from ts_trl.tiny import build_tokenizer, build_word_tokenizer
 
@@ -46,6 +48,48 @@ def test_chat_messages_and_named_columns_are_read():
     assert columns == ("messages (messages)", "messages")
     traces, _ = read_traces(pa.Table.from_pylist(rows), "q", "messages", "s")
     assert traces[0].prompt == "x"
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv", "json", "jsonl"])
+def test_trace_files_of_every_format_are_read(tmp_path, kind):
+    rows = [{"question": "Q: 1+2\nA:", "solution": " 1+2=3\n#### 3"}, {"question": "Q: 2+2\nA:", "solution": " 4"}]
+    path = tmp_path / f"traces.{kind}"
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif kind == "json":
+        path.write_text(json.dumps(rows))
+    else:
+        table = pa.Table.from_pylist(rows)
+        pq.write_table(table, path) if kind == "parquet" else csv.write_csv(table, path)
+    table = read_any(tmp_path, "s")  # the folder: its one file of traces
+    traces, _ = read_traces(table, "question", "solution", "s")
+    assert [(t.prompt, t.text) for t in traces] == [(r["question"], r["solution"]) for r in rows]
+
+
+def test_a_trace_dataset_on_the_hub_is_read_at_a_recorded_commit(hub, make_trainer, tmp_path):
+    from huggingface_hub import HfApi
+
+    dataset = EmbeddedTask().make_splits(4, 1)[0]
+    right, lines = write_traces(tmp_path / "traces.jsonl", dataset)
+    api = HfApi(endpoint=hub.endpoint)
+    api.create_repo("org/traces", repo_type="dataset")
+    api.upload_file(
+        path_or_fileobj=str(tmp_path / "traces.jsonl"),
+        path_in_repo="train/traces.jsonl",
+        repo_id="org/traces",
+        repo_type="dataset",
+    )
+    trainer = make_trainer(
+        dataset=dataset,
+        reward=embedded_reward,
+        seed_dataset="org/traces",
+        seed_filter="success",
+        max_completion_length=32,
+    )
+    assert sorted(trainer.seed_bank.rollout_ids) == sorted(right)
+    external = trainer.seed_store.external_provenance
+    assert external["revision"] == api.dataset_info("org/traces").sha and external["kind"] == "traces"
+    assert external["successful"] == len(right) and external["model"] is None
 
 
 def test_seeds_of_another_tokenizer_from_the_hub(hub, make_trainer, tmp_path):

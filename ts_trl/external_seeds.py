@@ -97,6 +97,8 @@ def read_external_seeds(
     if _is_same_tokenizer_seed_dataset(table, tokenizer_fp, args.seed_dataset_same_tokenizer):
         seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), args.seed_dataset_same_tokenizer)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
+        if args.seed_filter:
+            logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
         return ExternalSeeds(seeds, provenance)
     refuse_text_seed_modes(args, source)
     traces, columns = read_traces(table, args.seed_prompt_column, args.seed_completion_column, source)
