@@ -47,6 +47,7 @@ CACHE_PROVENANCE = "provenance.json"
 TRACE_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv")
 SCORE_BATCH = 64  # traces per reward call of `seed_filter="success"`
 CUT_POSITIONS = "cut_positions"  # the cached table's column: where each text seed may be cut
+MAX_CUT_CANDIDATES = 64  # text boundaries checked per trace (evenly spread): enough for any cut ratio
 
 
 @dataclass
@@ -333,7 +334,8 @@ def retokenise(tokenizer, text: str, newline_only: bool = False) -> tuple[list[i
 
     `k` is allowed where the text before it ends at a text boundary (next to whitespace; with `newline_only`, right
     after a newline) and this tokenizer, given that text alone, returns exactly `ids[:k]` and decodes them back to it:
-    the cut never falls inside a token it would split differently.
+    the cut never falls inside a token it would split differently. At most `MAX_CUT_CANDIDATES` boundaries, evenly
+    spread over the text, are checked, which bounds the cost at that many tokenisations of a prefix per trace.
     """
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if newline_only:
@@ -342,6 +344,8 @@ def retokenise(tokenizer, text: str, newline_only: bool = False) -> tuple[list[i
         ends = [p for p in range(1, len(text)) if text[p - 1].isspace() or text[p].isspace()]
     if not ends:
         return ids, np.zeros(0, np.int32)
+    if len(ends) > MAX_CUT_CANDIDATES:  # each check tokenises a prefix: O(length) per candidate
+        ends = [ends[i] for i in np.unique(np.linspace(0, len(ends) - 1, MAX_CUT_CANDIDATES).round().astype(int))]
     encoded = tokenizer([text[:p] for p in ends], add_special_tokens=False)["input_ids"]
     candidates = [(p, e) for p, e in zip(ends, encoded) if 0 < len(e) < len(ids) and ids[: len(e)] == e]
     decoded = tokenizer.batch_decode([e for _, e in candidates], skip_special_tokens=False)
