@@ -139,7 +139,7 @@ def write_traces(path, dataset, wrong_every=2, extra=()):
 
 
 @pytest.mark.parametrize("seed_filter", [None, "success"])
-def test_seeds_from_a_jsonl_of_traces(make_trainer, tmp_path, seed_filter, monkeypatch):
+def test_seeds_from_a_jsonl_of_traces(make_trainer, tmp_path, seed_filter, monkeypatch, caplog):
     dataset = EmbeddedTask().make_splits(4, 1)[0]
     unmatched = {"prompt": "Q: 1+2+3\nA: never trained on", "completion": " 6\n#### 6"}
     right, lines = write_traces(tmp_path / "traces.jsonl", dataset, extra=[unmatched])
@@ -154,6 +154,7 @@ def test_seeds_from_a_jsonl_of_traces(make_trainer, tmp_path, seed_filter, monke
     )
     trainer = make_trainer(**settings)
     matched = len(lines) - 1
+    assert f"{matched} of {len(lines)} traces match a training prompt" in caplog.text
     assert len(trainer.seed_bank) == (len(right) if seed_filter else matched)
     trainer.train()
     texts = {f"trace-{i}": line["completion"] for i, line in enumerate(lines)}

@@ -325,7 +325,8 @@ def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int |
             f"normalised text; e.g. {example[0][:60] if example else ''!r}). Seed from traces of this training set, or "
             "name the prompt's column with seed_prompt_column."
         )
-    logger.info(f"{source}: {matched} of {len(traces)} traces match a training prompt.")
+    report = logger.info if matched == len(traces) else logger.warning  # unmatched traces are left out
+    report(f"{source}: {matched} of {len(traces)} traces match a training prompt; only those seed this run.")
     return rows
 
 
