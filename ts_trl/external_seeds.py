@@ -95,7 +95,7 @@ def read_external_seeds(
     folder, revision = _local_copy(args.seed_dataset, args.seed_dataset_revision)
     table = read_any(folder, source)
     provenance = {"dataset": args.seed_dataset, "revision": revision, **_source_model(table)}
-    if _is_same_tokenizer_seed_dataset(table, tokenizer_fp, args.seed_dataset_same_tokenizer):
+    if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
         seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), args.seed_dataset_same_tokenizer)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
         if args.seed_filter:
@@ -195,7 +195,7 @@ def _is_json_lines(text: str) -> bool:
     return len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines)
 
 
-def _is_same_tokenizer_seed_dataset(table: pa.Table, tokenizer_fp: str, assume_same: bool) -> bool:
+def _is_same_tokenizer_seed_dataset(table: pa.Table, tokenizer_fp: str) -> bool:
     """A ts_trl seed dataset read with its token ids: it has them and no other tokenizer's fingerprint.
 
     Rows without a fingerprint go that way too, where `seed_dataset_same_tokenizer` or the refusal decides.
