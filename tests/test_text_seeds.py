@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow import csv
 
-from tests.conftest import logged, seed_manifest, seed_rows
+from tests.conftest import logged, seed_by_id, seed_manifest, seed_rows
 from ts_trl.embedded import EmbeddedTask, embedded_reward
 from ts_trl.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
 from ts_trl.seed_data import tokenizer_fingerprint
@@ -192,3 +192,43 @@ def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
         with pytest.raises(ValueError, match=message) as caught:
             make_trainer(**{**settings, **overrides})
         assert "\n" not in str(caught.value)
+
+
+def test_character_seeds_in_a_word_level_run_are_cut_where_its_tokens_agree(make_trainer, tmp_path):
+    """The other direction, without a Hub: the character run's seeds, matched by prompt_id, in a BPE run."""
+    from ts_trl.bank import Rollout
+    from ts_trl.seed_data import rollouts_to_table, write_shard
+
+    char, word = build_tokenizer(), build_word_tokenizer()
+    dataset = EmbeddedTask().make_splits(4, 1)[0]
+    task, rollouts = EmbeddedTask(), []
+    for i, row in enumerate(dataset):
+        text = task.solutions(row["prompt"])[1]
+        ids = char(text)["input_ids"]
+        rollouts.append(Rollout(f"char-{i}", row["prompt_id"], "elsewhere", text, ids, [-0.5] * len(ids), 1.0, 7))
+    (tmp_path / "char").mkdir()
+    table = rollouts_to_table(rollouts, "checkpoint-7", "char model", tokenizer_fingerprint(char), [])
+    write_shard(table, tmp_path / "char" / "step-000007.parquet")
+
+    trainer = make_trainer(
+        processing_class=word,
+        dataset=dataset,
+        reward=embedded_reward,
+        seed_dataset=str(tmp_path / "char"),
+        max_completion_length=32,
+        max_steps=1,
+    )
+    texts = {r.rollout_id: r.completion for r in rollouts}
+    for rollout_id, cuts in trainer.seed_store.text_cuts.items():
+        ids = word(texts[rollout_id])["input_ids"]
+        assert ids == seed_by_id(trainer.seed_bank, rollout_id).completion_ids.tolist() and cuts.size
+        for k in cuts.tolist():  # each prefix is the text up to a boundary, as this tokenizer tokenises that text
+            prefix = word.decode(ids[:k])
+            assert ends_at_text_boundary(texts[rollout_id], prefix) and word(prefix)["input_ids"] == ids[:k]
+    trainer.train()
+    seeded = [r for r in seed_rows(trainer.args.output_dir) if r["seed_origin"]]
+    assert seeded
+    for row in seeded:
+        prefix = word.decode(row["completion_ids"][: row["prefix_len"]])
+        assert ends_at_text_boundary(texts[row["seed_origin"]], prefix)
+    assert trainer.seed_store.external_provenance["model"] == "char model"
