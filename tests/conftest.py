@@ -41,6 +41,39 @@ def gsm8k_path():
     return path
 
 
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """A local Hub, with huggingface_hub and datasets pointed at it and online for this test only."""
+    import datasets
+    from huggingface_hub import constants as hf_constants
+
+    from tests.hub_server import LocalHub
+
+    server = LocalHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    # Both libraries read these at import time (conftest imported them offline), so the module values are patched too.
+    monkeypatch.setattr(hf_constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        datasets.config, "HUB_DATASETS_URL", server.endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
+    )
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    yield server
+    server.stop()
+    assert server.unknown == [], f"the client called endpoints the local hub lacks: {server.unknown}"
+
+
 def count_reward(completions, **kwargs):
     """A cheap deterministic reward with spread on random text: 1.0 when the response has an even number of digits."""
     return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
@@ -148,19 +181,21 @@ def make_trainer(tmp_path, tokenizer):
         dataset=None,
         reward=count_reward,
         eval_dataset=None,
+        processing_class=None,
         **overrides,
     ):
+        """`processing_class`: another tokenizer than the character one (the model is then sized for it)."""
         settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run")}
         settings.update(overrides)
         known = {f.name for f in dataclasses.fields(config_cls)}
         args = config_cls(**{k: v for k, v in settings.items() if k in known})
         return trainer_cls(
-            model=build_tiny_model(build_tokenizer()),
+            model=build_tiny_model(processing_class or build_tokenizer()),
             reward_funcs=reward,
             args=args,
             train_dataset=dataset if dataset is not None else tiny_prompts(),
             eval_dataset=eval_dataset,
-            processing_class=tokenizer,
+            processing_class=processing_class or tokenizer,
         )
 
     return make

@@ -14,7 +14,6 @@ from huggingface_hub import DatasetCard, ModelCard
 from huggingface_hub import constants as hf_constants
 
 from tests.conftest import EMBEDDED_TINY, free_port
-from tests.test_hub import hub  # noqa: F401 - the local Hub fixture
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.tiny import build_tokenizer

@@ -7,12 +7,12 @@ generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bank import Seed, SeedBank
+from .bank import EXTERNAL_STEP, Seed, SeedBank
 from .cutting import Cut, draw_cut
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate") and mean reward
@@ -39,6 +39,7 @@ class GroupPlan:
     num_groups: int = 0
     num_eligible_groups: int = 0
     num_refused_cuts: int = 0  # groups drawn for seeding whose seed admits no cut in the ratio range and the budget
+    num_external_groups: int = 0  # seeded groups whose seed came from `seed_dataset` (another run or a trace dataset)
 
     @property
     def any_seeded(self) -> bool:
@@ -60,8 +61,11 @@ class GroupPlanner:
         eos_token_ids: Collection[int],
         boundary_token_ids: Collection[int] | None = None,
         max_positions: int | None = None,
+        text_cuts: Mapping[str, np.ndarray] | None = None,
     ):
         self.args = args
+        # rollout id -> the only positions a re-tokenised text seed may be cut at (its text boundaries)
+        self.text_cuts = text_cuts or {}
         self.max_positions = max_positions
         self.num_generations = num_generations
         self.budget = budget
@@ -133,6 +137,7 @@ class GroupPlanner:
                     self.eos_token_ids,
                     self._cut_budget(lengths[g] if lengths is not None else None),
                     self.boundary_token_ids,
+                    self.text_cuts.get(seed.rollout_id),
                 )
                 refused += bool(want and cut is None)
             if not want or cut is None:
@@ -148,6 +153,7 @@ class GroupPlanner:
             global_seed_age=[step - s.step for s in group_seeds if s is not None and s.step >= 0],
             num_eligible_groups=sum(s is not None for s in candidates),
             num_refused_cuts=refused,
+            num_external_groups=sum(s is not None and s.step == EXTERNAL_STEP for s in group_seeds),
             replayed=[False] * local_size,
             global_replayed=np.zeros(len(group_keys) * G, dtype=bool),
         )

@@ -255,10 +255,19 @@ def _is_other_live_process(pid: int) -> bool:
 class SeedManifest:
     """The shards of a run's seed dataset (`seeds/manifest.json`), with their checksums; replaced atomically."""
 
-    def __init__(self, seeds_dir: Path, run_id: str, model: str, tokenizer: str, shards: list[dict] | None = None):
+    def __init__(
+        self,
+        seeds_dir: Path,
+        run_id: str,
+        model: str,
+        tokenizer: str,
+        shards: list[dict] | None = None,
+        external: dict | None = None,
+    ):
         self.seeds_dir = Path(seeds_dir)
         self.run_id, self.model, self.tokenizer = run_id, model, tokenizer
         self.shards = shards or []
+        self.external = external  # where the run's `seed_dataset` came from (see `external_seeds.py`), if any
 
     @staticmethod
     def path(seeds_dir: str | os.PathLike) -> Path:
@@ -273,6 +282,7 @@ class SeedManifest:
         try:
             payload = json.loads(path.read_text())
             manifest = cls(seeds_dir, payload["run_id"], payload["model"], payload["tokenizer"], payload["shards"])
+            manifest.external = payload.get("external")
             names = [(s["file"], s.get("bank_file")) for s in manifest.shards]
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path} is not a readable seed manifest ({type(error).__name__}: {error}).") from None
@@ -303,6 +313,8 @@ class SeedManifest:
             "tokenizer": self.tokenizer,
             "shards": self.shards,
         }
+        if self.external is not None:
+            payload["external"] = self.external
         atomic_write_json(self.path(self.seeds_dir), payload)
 
     def record(self, step: int, rows: int, sha256: str, bank_sha256: str) -> None:
