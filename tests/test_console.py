@@ -126,29 +126,6 @@ def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_
     assert "Setting accelerator to CPU" not in printed
 
 
-def _python_example() -> str:
-    """The README's Python example (or the docs page it moved to), as a reader pastes it."""
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = page.read_text()
-        if "## Python example" in text:
-            return text.split("## Python example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    raise AssertionError("no '## Python example' section in README.md or docs/")
-
-
-def test_the_python_example_prints_no_warnings(tmp_path):
-    """Pasted into a fresh interpreter: no deprecation notices from TRL's calls, no DeepSpeed accelerator notice."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    environment.pop("PYTHONWARNINGS", None)
-    result = subprocess.run(
-        [sys.executable, "-c", _python_example()], cwd=tmp_path, capture_output=True, text=True, env=environment
-    )
-    assert result.returncode == 0, result.stderr
-    assert "rollouts banked" in result.stdout
-    warnings = [line for line in result.stderr.splitlines() if "Warning" in line or "warnings.warn" in line]
-    assert warnings == [], warnings
-    assert "Setting accelerator to CPU" not in result.stdout + result.stderr
-
-
 @pytest.mark.parametrize("omp", [None, "2"])
 def test_the_embedded_default_trains_on_one_torch_thread_unless_omp_num_threads_says(omp, tmp_path, monkeypatch):
     """Beside other work, torch's default threads made the main job several times slower (see ts_trl.embedded.cpu);
