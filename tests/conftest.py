@@ -105,6 +105,16 @@ def seed_rows(output_dir, by_id: bool = False):
     return unique
 
 
+def build_word_tokenizer():
+    """A word-level BPE tokenizer trained on worked solutions of the embedded task: the "other model family" of the
+    tests of text seeds across tokenizers."""
+    from ts_trl.embedded.task import worked_solution
+    from ts_trl.tiny import build_word_tokenizer as build
+
+    operands = [(a, b, c) for a in range(1, 20) for b in range(1, 20) for c in (3, 7, 11)]
+    return build([f"Q: {a}+{b}+{c}\nA:" + worked_solution((a, b, c)) for a, b, c in operands])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous or a local server)."""
     import socket

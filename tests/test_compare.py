@@ -423,8 +423,7 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
 
 def test_positions_rejects_another_tokenizer_and_missing_checkpoint(seed_run, tmp_path, capsys):
     from ts_trl.__main__ import main
-    from ts_trl.bank import Rollout
-    from ts_trl.seed_data import rollouts_to_table, write_shard
+    from ts_trl.seed_data import Rollout, rollouts_to_table, write_shard
 
     (tmp_path / "other").mkdir()
     other = Rollout("o", "p", "Q: 1+2=", "c", [5, 6, 7], [-1.0] * 3, 0.0, 1)

@@ -4,8 +4,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ts_trl.bank import Rollout, SeedBank
+from ts_trl.bank import SeedBank
 from ts_trl.planning import PASS_RATE_DECAY, GroupPlanner
+from ts_trl.seed_data import Rollout
 
 EOS = 1
 G = 4

@@ -7,11 +7,11 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow import csv
 
-from tests.conftest import logged, seed_by_id, seed_manifest, seed_rows
+from tests.conftest import build_word_tokenizer, logged, seed_by_id, seed_manifest, seed_rows
 from ts_trl.embedded import EmbeddedTask, embedded_reward
 from ts_trl.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
 from ts_trl.seed_data import tokenizer_fingerprint
-from ts_trl.tiny import build_tokenizer, build_word_tokenizer
+from ts_trl.tiny import build_tokenizer
 
 REPO_ID = "org/seeds"
 
@@ -196,8 +196,7 @@ def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
 
 def test_character_seeds_in_a_word_level_run_are_cut_where_its_tokens_agree(make_trainer, tmp_path):
     """The other direction, without a Hub: the character run's seeds, matched by prompt_id, in a BPE run."""
-    from ts_trl.bank import Rollout
-    from ts_trl.seed_data import rollouts_to_table, write_shard
+    from ts_trl.seed_data import Rollout, rollouts_to_table, write_shard
 
     char, word = build_tokenizer(), build_word_tokenizer()
     dataset = EmbeddedTask().make_splits(4, 1)[0]

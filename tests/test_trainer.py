@@ -12,8 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.conftest import seed_by_id, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.bank import Rollout
-from ts_trl.seed_data import rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.seed_data import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
 from ts_trl.snapshots import PendingRollout
 
 

@@ -25,18 +25,17 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:
-    from .bank import Rollout
-
 logger = logging.getLogger(__name__)
+
 
 SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
@@ -44,6 +43,23 @@ BANK_DIR = "bank"
 MANIFEST_FORMAT = 2  # 2: every shard entry carries `sha256` and `bank_sha256`; 1 (no checksums) is still read
 SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
 TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")  # `atomic_write`'s temporary files: `.<name>.tmp-<pid>`
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One generated response, as written to the seed dataset (one Parquet row)."""
+
+    rollout_id: str
+    prompt_id: str
+    prompt: str
+    completion: str
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
+    reward: float
+    step: int
+    prefix_len: int = 0
+    seed_origin: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)  # per reward function
 
 
 class SeedColumn(NamedTuple):

@@ -27,12 +27,13 @@ from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .bank import Rollout, SeedBank
+from .bank import SeedBank
 from .cards import model_name_of
 from .external_seeds import read_external_seeds
 from .seed_data import (
     BANK_DIR,
     SEEDS_DIR,
+    Rollout,
     SeedManifest,
     atomic_write_bytes,
     atomic_write_json,

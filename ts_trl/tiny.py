@@ -179,19 +179,14 @@ def save_base_for_adapter(model, tokenizer, output_dir, peft_config) -> Path | N
     return folder
 
 
-def build_word_tokenizer(corpus: Sequence[str] | None = None, vocab_size: int = 400) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained here, offline, on `corpus` (default: worked solutions of the embedded task).
+def build_word_tokenizer(corpus: Sequence[str], vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here, offline, on `corpus` (texts of the task it will tokenise).
 
     It splits text into words, numbers and merged pieces, unlike `build_tokenizer`'s one token per character: the
     "other model family" of the tests of text seeds across tokenizers. Same special tokens and chat template.
     """
     from tokenizers import trainers
 
-    if corpus is None:
-        from .embedded.task import worked_solution
-
-        operands = [(a, b, c) for a in range(1, 20) for b in range(1, 20) for c in (3, 7, 11)]
-        corpus = [f"Q: {a}+{b}+{c}\nA:" + worked_solution((a, b, c)) for a, b, c in operands]
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
