@@ -47,7 +47,7 @@ def _timed(function, *args):
 
 def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
     """The `size` synthetic rollouts of checkpoint `index` (deterministic, so they can be made again for the shard)."""
-    from ts_trl.bank import Rollout
+    from ts_trl.seed_data import Rollout
 
     rng = np.random.default_rng(index)
     ids = rng.integers(4, VOCAB, size=(size, tokens), dtype=np.int32)

@@ -41,6 +41,39 @@ def gsm8k_path():
     return path
 
 
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """A local Hub, with huggingface_hub and datasets pointed at it and online for this test only."""
+    import datasets
+    from huggingface_hub import constants as hf_constants
+
+    from tests.hub_server import LocalHub
+
+    server = LocalHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    # Both libraries read these at import time (conftest imported them offline), so the module values are patched too.
+    monkeypatch.setattr(hf_constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        datasets.config, "HUB_DATASETS_URL", server.endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
+    )
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    yield server
+    server.stop()
+    assert server.unknown == [], f"the client called endpoints the local hub lacks: {server.unknown}"
+
+
 def count_reward(completions, **kwargs):
     """A cheap deterministic reward with spread on random text: 1.0 when the response has an even number of digits."""
     return [float(sum(ch.isdigit() for ch in c) % 2 == 0) for c in completions]
@@ -99,6 +132,16 @@ def seed_rows(output_dir, by_id: bool = False):
     return unique
 
 
+def build_word_tokenizer():
+    """A word-level BPE tokenizer trained on worked solutions of the embedded task: the "other model family" of the
+    tests of text seeds across tokenizers."""
+    from ts_trl.embedded.task import worked_solution
+    from ts_trl.tiny import build_word_tokenizer as build
+
+    operands = [(a, b, c) for a in range(1, 20) for b in range(1, 20) for c in (3, 7, 11)]
+    return build([f"Q: {a}+{b}+{c}\nA:" + worked_solution((a, b, c)) for a, b, c in operands])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous or a local server)."""
     import socket
@@ -133,6 +176,20 @@ def tiny_prompts(n: int = 8):
     return Dataset.from_dict({"prompt": [f"Q: {i}+{i + 1}=" for i in range(n)]})
 
 
+# The embedded default shrunk to seconds: a 5-step warm-up, 4 training prompts (so prompts repeat and later steps draw
+# seeds), 8 held-out ones scored once each, two groups of four a step. Its code paths are the full run's, from the warm
+# model built in memory to the saved folder and its card.
+EMBEDDED_TINY = [
+    "--embedded_warmup_steps", "5",
+    "--embedded_train_problems", "4",
+    "--embedded_eval_problems", "8",
+    "--embedded_eval_samples", "1",
+    "--per_device_train_batch_size", "8",
+    "--num_generations", "4",
+    "--max_completion_length", "16",
+]  # fmt: skip
+
+
 # Small, fast trainer settings shared by the tests; each shrunk value says why it is small.
 TINY_SETTINGS = dict(
     per_device_train_batch_size=8,  # two prompt groups per step: enough to mix seeded and plain groups
@@ -161,19 +218,21 @@ def make_trainer(tmp_path, tokenizer):
         dataset=None,
         reward=count_reward,
         eval_dataset=None,
+        processing_class=None,
         **overrides,
     ):
+        """`processing_class`: another tokenizer than the character one (the model is then sized for it)."""
         settings = {**TINY_SETTINGS, "output_dir": str(tmp_path / "run")}
         settings.update(overrides)
         known = {f.name for f in dataclasses.fields(config_cls)}
         args = config_cls(**{k: v for k, v in settings.items() if k in known})
         return trainer_cls(
-            model=build_tiny_model(build_tokenizer()),
+            model=build_tiny_model(processing_class or build_tokenizer()),
             reward_funcs=reward,
             args=args,
             train_dataset=dataset if dataset is not None else tiny_prompts(),
             eval_dataset=eval_dataset,
-            processing_class=tokenizer,
+            processing_class=processing_class or tokenizer,
         )
 
     return make

@@ -13,26 +13,12 @@ import transformers.utils.hub
 from huggingface_hub import DatasetCard, ModelCard
 from huggingface_hub import constants as hf_constants
 
-from tests.conftest import free_port
-from tests.test_hub import hub  # noqa: F401 - the local Hub fixture
+from tests.conftest import EMBEDDED_TINY, free_port
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.tiny import build_tokenizer
 
-# The embedded default shrunk to seconds (a 5-step warm-up, 4 training prompts, 2 steps); its code paths are the
-# full run's, from the warm model built in memory to the saved folder and its card.
-EMBEDDED_SMALL = [
-    "--embedded_warmup_steps", "5",
-    "--embedded_train_problems", "4",
-    "--embedded_eval_problems", "8",
-    "--embedded_eval_samples", "1",
-    "--per_device_train_batch_size", "8",  # two groups of four
-    "--num_generations", "4",
-    "--max_completion_length", "16",
-    "--max_steps", "2",
-    "--save_steps", "1",
-    "--disable_tqdm", "true",
-]  # fmt: skip
+EMBEDDED_SMALL = [*EMBEDDED_TINY, "--max_steps", "2", "--save_steps", "1", "--disable_tqdm", "true"]
 TEXTS = ["Q: 3+13\nA:", "Q: 7+15+9\nA: 7+15=22\n22+9=31", "  two  spaces,\n\nblank line ~`|{}"]
 
 

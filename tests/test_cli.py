@@ -22,7 +22,7 @@ import yaml
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import seed_manifest, seed_rows
+from tests.conftest import EMBEDDED_TINY, seed_manifest, seed_rows
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.data import load_training_data
@@ -293,18 +293,7 @@ def test_zero3_on_cpu_trains_writes_seeds_and_resumes(tiny_dir, tmp_path):
     assert list((output_dir / "seeds" / "superseded").glob("*/step-000002.parquet"))  # the abandoned step-2 shard
 
 
-# The embedded default, shrunk to seconds (the warm-up, held-out set and steps); its code paths are the full run's.
-EMBEDDED_SMALL = [
-    "--embedded_warmup_steps", "5",
-    "--embedded_train_problems", "4",  # few prompts, so prompts repeat and later steps draw seeds
-    "--embedded_eval_problems", "8",
-    "--embedded_eval_samples", "1",
-    "--per_device_train_batch_size", "8",
-    "--num_generations", "4",
-    "--max_completion_length", "16",
-    "--seed_fraction", "1.0",
-    "--disable_tqdm", "true",
-]  # fmt: skip
+EMBEDDED_SMALL = [*EMBEDDED_TINY, "--seed_fraction", "1.0", "--disable_tqdm", "true"]
 
 
 def _embedded_warm_cache(tmp_path) -> Path:

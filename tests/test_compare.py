@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -422,8 +423,7 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
 
 def test_positions_rejects_another_tokenizer_and_missing_checkpoint(seed_run, tmp_path, capsys):
     from ts_trl.__main__ import main
-    from ts_trl.bank import Rollout
-    from ts_trl.seed_data import rollouts_to_table, write_shard
+    from ts_trl.seed_data import Rollout, rollouts_to_table, write_shard
 
     (tmp_path / "other").mkdir()
     other = Rollout("o", "p", "Q: 1+2=", "c", [5, 6, 7], [-1.0] * 3, 0.0, 1)
@@ -539,8 +539,8 @@ def test_compare_rejects_bad_budget(capsys):
     assert "never brings a training prompt back" in capsys.readouterr().err
 
 
-def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
-    """`ts_trl compare --quick` itself, unshrunk: 4 methods x 2 RNG seeds x 40 steps, within its 10-minute budget.
+def _compare(tmp_path, *flags) -> tuple[subprocess.CompletedProcess, float, Path]:
+    """`ts_trl compare --quick *flags` in a fresh interpreter; its result, minutes taken and output folder.
 
     The warm-up comes from `$TS_TRL_CACHE` when set (`.ci/run` sets it, and its main job has filled it), else from a
     fresh cache in `tmp_path` (about 30 s more).
@@ -550,20 +550,40 @@ def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
     out = tmp_path / "quick"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "ts_trl", "compare", "--quick", "--output-dir", str(out)],
+        [sys.executable, "-m", "ts_trl", "compare", "--quick", *flags, "--output_dir", str(out)],
         capture_output=True,
         text=True,
         env=env,
         timeout=900,
     )
-    minutes = (time.monotonic() - started) / 60
     assert done.returncode == 0, done.stderr[-3000:]
-    assert minutes <= 10, f"compare --quick took {minutes:.1f} min, over its 10-minute budget"
+    return done, (time.monotonic() - started) / 60, out
+
+
+def _check_quick_comparison(done, out, steps: int) -> None:
+    """Every method ran every RNG seed for `steps` steps, the seeded ones reused prefixes, and the tables are printed."""
     runs = list(csv.DictReader(open(out / "compare.csv")))
     methods = ("none", "replay", "seeds-action", "seeds-state")
     assert sorted((r["method"], r["seed"]) for r in runs) == sorted((m, s) for m in methods for s in ("0", "1"))
-    assert all(int(r["steps"]) == 40 for r in runs)
+    assert all(int(r["steps"]) == steps for r in runs)
     seeded = [r for r in runs if r["method"].startswith("seeds")]
     assert all(int(r["reused_tokens"]) > 0 for r in seeded), "seeded runs reused no prefix tokens"
     assert "Primary endpoint, fixed in advance" in done.stdout and "Secondary endpoints, Holm-corrected" in done.stdout
-    assert "| seeds-state | seeds-action |" in done.stdout  # the paper's claims without on-policy GRPO, paired directly
+    # the paper's claims without on-policy GRPO, paired directly
+    assert "| seeds-state | seeds-action |" in done.stdout
+    assert {"compare.md", "compare.png", "differences.csv", "curves.csv"} <= {p.name for p in out.iterdir()}
+
+
+def test_the_quick_comparison_in_miniature(tmp_path):
+    """`ts_trl compare --quick` on its own code path, shrunk to 16 training prompts, 8 a step and 4 steps, so that
+    prompts repeat from step 3 and the seeded and replay arms draw from the bank."""
+    done, _, out = _compare(tmp_path, "--steps", "4", "--n_train", "16", "--prompts_per_step", "8", "--n_eval", "16")
+    _check_quick_comparison(done, out, steps=4)
+
+
+@pytest.mark.slow
+def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
+    """`ts_trl compare --quick` itself, unshrunk: 4 methods x 2 RNG seeds x 40 steps, within its 10-minute budget."""
+    done, minutes, out = _compare(tmp_path)
+    assert minutes <= 10, f"compare --quick took {minutes:.1f} min, over its 10-minute budget"
+    _check_quick_comparison(done, out, steps=40)

@@ -9,20 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import EMBEDDED_TINY
 from ts_trl.__main__ import main as ts_trl_main
 
 ROOT = Path(__file__).resolve().parents[1]
-# The embedded default shrunk to seconds: a 5-step warm-up, 4 training prompts, 8 held-out ones scored once each.
-EMBEDDED_TINY = [
-    "--embedded_warmup_steps", "5",
-    "--embedded_train_problems", "4",
-    "--embedded_eval_problems", "8",
-    "--embedded_eval_samples", "1",
-    "--per_device_train_batch_size", "8",  # two groups of four
-    "--num_generations", "4",
-    "--max_completion_length", "16",
-    "--save_steps", "2",
-]  # fmt: skip
+EMBEDDED_RUN = [*EMBEDDED_TINY, "--save_steps", "2"]
 # A flag spelled with a dash after `--`, other than a boolean's `--no-` prefix (choices such as seeds-state aside).
 DASH_FLAG = re.compile(r"(?<![\w-])--(?!no-)[a-z0-9_]*-[a-z]")
 
@@ -103,7 +94,7 @@ def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_
     output_dir = tmp_path / "run"
     os.environ["TS_TRL_CACHE"], previous = str(tmp_path / "cache"), os.environ.get("TS_TRL_CACHE")
     try:
-        argv = ["train", "--output_dir", str(output_dir), *EMBEDDED_TINY, "--max_steps", "3"]
+        argv = ["train", "--output_dir", str(output_dir), *EMBEDDED_RUN, "--max_steps", "3"]
         argv += ["--embedded_eval_every", "2", "--logging_steps", "1", "--report_to", "tensorboard"]
         argv += ["--disable_tqdm", "true"]
         assert ts_trl_main(argv) == 0
@@ -135,29 +126,6 @@ def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_
     assert "Setting accelerator to CPU" not in printed
 
 
-def _python_example() -> str:
-    """The README's Python example (or the docs page it moved to), as a reader pastes it."""
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = page.read_text()
-        if "## Python example" in text:
-            return text.split("## Python example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    raise AssertionError("no '## Python example' section in README.md or docs/")
-
-
-def test_the_python_example_prints_no_warnings(tmp_path):
-    """Pasted into a fresh interpreter: no deprecation notices from TRL's calls, no DeepSpeed accelerator notice."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    environment.pop("PYTHONWARNINGS", None)
-    result = subprocess.run(
-        [sys.executable, "-c", _python_example()], cwd=tmp_path, capture_output=True, text=True, env=environment
-    )
-    assert result.returncode == 0, result.stderr
-    assert "rollouts banked" in result.stdout
-    warnings = [line for line in result.stderr.splitlines() if "Warning" in line or "warnings.warn" in line]
-    assert warnings == [], warnings
-    assert "Setting accelerator to CPU" not in result.stdout + result.stderr
-
-
 @pytest.mark.parametrize("omp", [None, "2"])
 def test_the_embedded_default_trains_on_one_torch_thread_unless_omp_num_threads_says(omp, tmp_path, monkeypatch):
     """Beside other work, torch's default threads made the main job several times slower (see ts_trl.embedded.cpu);
@@ -181,7 +149,7 @@ def test_the_embedded_default_trains_on_one_torch_thread_unless_omp_num_threads_
     previous = torch.get_num_threads()
     torch.set_num_threads(2)  # what torch picks on two cores when OMP_NUM_THREADS is unset
     try:
-        argv = ["train", "--output_dir", str(tmp_path / "run"), *EMBEDDED_TINY, "--max_steps", "2"]
+        argv = ["train", "--output_dir", str(tmp_path / "run"), *EMBEDDED_RUN, "--max_steps", "2"]
         assert ts_trl_main([*argv, "--embedded_eval_problems", "0", "--disable_tqdm", "true"]) == 0
         assert torch.get_num_threads() == 2  # restored after training
     finally:

@@ -133,3 +133,14 @@ def test_continuation_budget_is_what_the_prefix_and_the_context_leave():
     assert continuation_budget(4, 15, max_completion_length=12, max_model_len=19) == 4  # a long prompt: the context
     with pytest.raises(ValueError, match="max_model_len=19. Raise vllm_max_model_length"):
         continuation_budget(2, 19, max_completion_length=12, max_model_len=19)
+
+
+def test_a_text_seed_is_cut_only_at_its_allowed_positions():
+    seed = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    allowed = np.array([2, 7], np.int32)
+    assert choose_cut(seed, 0.4, {EOS}, budget=64, allowed=allowed).k == 2  # floor(4.0) = 4: 2 is nearer than 7
+    assert choose_cut(seed, 0.5, {EOS}, budget=64, allowed=allowed).k == 7  # 5: 7 is nearer
+    assert choose_cut(seed, 0.45, {EOS}, budget=64, allowed=np.array([3, 5])).k == 3  # a tie goes to the shorter
+    assert choose_cut(seed, 0.9, {EOS}, budget=6, allowed=allowed).k == 2  # 7 leaves no budget: max_cut is 5
+    assert choose_cut(seed, 0.5, {EOS}, budget=64, allowed=np.array([], np.int32)) is None  # no boundary: no cut
+    assert choose_cut(seed, 0.5, {EOS}, budget=3, allowed=np.array([5])) is None

@@ -12,7 +12,6 @@ import pytest
 from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
-from tests.hub_server import LocalHub
 from ts_trl.cards import render_dataset_card, render_model_card, template_path
 from ts_trl.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
 
@@ -20,34 +19,6 @@ REPO_ID = "org/seeds"
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"
 # Small waits keep the retry tests short; the client's own retries are not involved (failures hit /commit only).
 FAST = {"backoff": 0.05, "max_backoff": 0.2}
-
-
-@pytest.fixture
-def hub(monkeypatch, tmp_path):
-    """A local Hub, with huggingface_hub and datasets pointed at it and online for this test only."""
-    server = LocalHub().start()
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    # Both libraries read these at import time (conftest imported them offline), so the module values are patched too.
-    monkeypatch.setattr(hf_constants, "ENDPOINT", server.endpoint)
-    monkeypatch.setattr(
-        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-    )
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", server.endpoint)
-    monkeypatch.setattr(
-        datasets.config, "HUB_DATASETS_URL", server.endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
-    )
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
-    yield server
-    server.stop()
-    assert server.unknown == [], f"the client called endpoints the local hub lacks: {server.unknown}"
 
 
 def write_run(run_dir, steps, rows_per_shard=4):

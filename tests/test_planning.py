@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ts_trl.bank import Rollout, SeedBank
+from ts_trl.bank import SeedBank
 from ts_trl.planning import PASS_RATE_DECAY, CutOutcomes, GroupPlanner, monotone_fit
+from ts_trl.seed_data import Rollout
 
 EOS = 1
 G = 4

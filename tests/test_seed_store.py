@@ -11,7 +11,7 @@ from accelerate import Accelerator
 
 from tests.conftest import TARGET_CUTS, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.bank import Rollout
+from ts_trl.seed_data import Rollout
 from ts_trl.snapshots import PendingRollout, SeedStore
 
 

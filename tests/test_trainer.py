@@ -12,8 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.conftest import seed_by_id, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.bank import Rollout
-from ts_trl.seed_data import rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.seed_data import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
 from ts_trl.snapshots import PendingRollout
 
 
@@ -353,8 +352,8 @@ def test_bad_input_fails_at_construction(make_trainer, tokenizer, tmp_path):
     other_vocab = Rollout("o", "p", "p", "c", [5, 6, 7], [-1.0] * 3, 0.0, 1)
     (tmp_path / "other").mkdir()
     write_shard(rollouts_to_table([other_vocab], "c", "m", "0123456789abcdef", []), tmp_path / "other" / "s.parquet")
-    with pytest.raises(ValueError, match="another vocabulary"):
-        make_trainer(seed_dataset=str(tmp_path / "other"))
+    with pytest.raises(ValueError, match="none of its 1 traces' prompts matches a training prompt"):
+        make_trainer(seed_dataset=str(tmp_path / "other"))  # another tokenizer's: text seeds, matched by prompt
     bare = rollouts_to_table([other_vocab], "c", "m", tokenizer_fingerprint(tokenizer), []).drop_columns(["logprobs"])
     (tmp_path / "bare").mkdir()
     write_shard(bare, tmp_path / "bare" / "s.parquet")

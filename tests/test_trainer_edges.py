@@ -8,9 +8,8 @@ from datasets import Dataset
 
 from tests.conftest import TINY_SETTINGS, count_reward, logged, recomputed_logprobs, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.bank import Rollout
 from ts_trl.data import prompt_id_of
-from ts_trl.seed_data import rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.seed_data import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
 from ts_trl.tiny import build_tiny_model
 
 

@@ -10,12 +10,12 @@ other process on the node that maps them, through the page cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from .seed_data import BANK_COLUMNS
+from .seed_data import BANK_COLUMNS, Rollout
 
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 REJECTION_ROUNDS = 4  # draws per prompt before `SeedBank.sample` looks at all of its candidates
@@ -23,23 +23,6 @@ EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_datase
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
 _HASH_TAIL = 4096  # rollout-id hashes kept unsorted before they are merged into the sorted index
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One generated response, as written to the seed dataset (one Parquet row)."""
-
-    rollout_id: str
-    prompt_id: str
-    prompt: str
-    completion: str
-    completion_ids: Sequence[int]
-    logprobs: Sequence[float]
-    reward: float
-    step: int
-    prefix_len: int = 0
-    seed_origin: str | None = None
-    rewards: dict[str, float] = field(default_factory=dict)  # per reward function
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ def render_model_card(
     num_processes: int = 1,
     trackers: Sequence[tuple[str, str, str]] = (),
     versions: Sequence[tuple[str, str]] = (),
+    external_seeds: Mapping | None = None,
 ) -> ModelCard:
     """The model card of a Thinking Seeds run: metadata for the Hub, how to load it, the method, settings and metrics.
 
@@ -103,7 +104,7 @@ def render_model_card(
     card_data = ModelCardData(
         base_model=hub_base,
         library_name="peft" if is_peft else "transformers",
-        datasets=[dataset_name] if _is_hub_id(dataset_name) else None,
+        datasets=[name for name in (dataset_name, (external_seeds or {}).get("dataset")) if _is_hub_id(name)] or None,
         tags=list(dict.fromkeys([*TAGS, *tags])),
         pipeline_tag="text-generation",
         model_name=model_name,
@@ -140,11 +141,26 @@ def render_model_card(
         seed_settings=seed_settings,
         metrics=[(name, _format_value(value)) for name, value in metrics.items()],
         versions=list(versions),
+        external_seeds=external_provenance(external_seeds),
         license_text=license_text(license, hub_base),
         thinking_seeds_citation=THINKING_SEEDS_CITATION,
         grpo_citation=GRPO_CITATION,
         trl_citation=TRL_CITATION,
     )
+
+
+def external_provenance(provenance: Mapping | None) -> dict | None:
+    """Where a run's external seeds came from, as the cards show it (`external_seeds.py` records it)."""
+    if not provenance:
+        return None
+    model, tokenizer = provenance.get("model"), provenance.get("tokenizer")
+    return {
+        **provenance,
+        "link": _hub_link(provenance["dataset"], "dataset"),
+        "model": ", ".join(model) if isinstance(model, list) else model,
+        "tokenizer": f"`{tokenizer}`" if isinstance(tokenizer, str) else None,
+        "kept": provenance.get("kept"),
+    }
 
 
 def license_metadata(license: str | None, base_model: str | None) -> dict:
@@ -291,6 +307,7 @@ def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metri
         num_processes=trainer.accelerator.num_processes,
         trackers=[(name, url, TRACKER_BADGES[name]) for name, url in trackers],
         versions=versions,
+        external_seeds=getattr(getattr(trainer, "seed_store", None), "external_provenance", None),
     )
 
 
@@ -314,6 +331,7 @@ def render_dataset_card(
     license: str | None = None,
     trained_model_id: str | None = None,
     local: bool = False,
+    external: Mapping | None = None,
 ) -> DatasetCard:
     """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
     folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
@@ -347,6 +365,7 @@ def render_dataset_card(
         steps_text=_steps_text(steps),
         num_rows=num_rows,
         columns=columns,
+        external=external_provenance(external),
         thinking_seeds_citation=THINKING_SEEDS_CITATION,
     )
 
@@ -368,13 +387,14 @@ def dataset_card_for_shard(
     if manifest is not None:
         model, tokenizer = manifest.model, manifest.tokenizer
         steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
+        external = manifest.external
     else:  # a shard handed over without its manifest: describe that shard alone
         first = pq.read_table(shard_path, columns=[c for c in ("model", "tokenizer", "step") if c in schema.names])
         row = first.slice(0, 1).to_pylist()[0] if first.num_rows else {}
         model, tokenizer = row.get("model", "unknown"), row.get("tokenizer", "unknown")
         match = re.search(r"(\d+)", shard_path.stem)
         steps = [int(match.group(1))] if match else []
-        num_rows = first.num_rows
+        num_rows, external = first.num_rows, None
     return render_dataset_card(
         repo_id=repo_id,
         model=model,
@@ -385,6 +405,7 @@ def dataset_card_for_shard(
         license=license,
         trained_model_id=trained_model_id,
         local=local,
+        external=external,
     )
 
 

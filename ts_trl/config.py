@@ -11,6 +11,7 @@ from .cutting import PREFIX_MODES
 from .planning import CUT_SELECTIONS, SEED_TRIGGERS
 
 SEED_METHODS = ("none", "seeds", "replay")
+SEED_FILTERS = ("success",)
 
 
 def _choice(default: str, choices: tuple[str, ...], help: str):
@@ -68,8 +69,22 @@ class SeedGRPOConfig(GRPOConfig):
             the `save_strategy`, writes its shard first; with `save_strategy="no"` and `seed_snapshot_only=True`
             this (or a `seed_dataset`) is required, since otherwise no rollout could ever become a seed.
         seed_dataset (`str`, *optional*):
-            A seed dataset to start from: the output directory of an earlier run, its `seeds/` folder, or Parquet
-            shards. Must come from a tokenizer with the same vocabulary.
+            Seeds to start from: the output directory of an earlier run, its `seeds/` folder or Parquet shards, a Hub
+            dataset id, or any dataset of reasoning traces (a Parquet, JSON, JSONL or CSV file or folder, or a Hub
+            dataset). A `ts_trl` seed dataset of the same tokenizer is read with its token ids and log-probs; one of
+            another tokenizer, and any trace dataset, is re-tokenised from its text (text seeds: `prefix_mode="state"`
+            and `seed_method="seeds"` only, cut on text boundaries). See docs/seed-dataset.md.
+        seed_dataset_revision (`str`, *optional*):
+            Branch, tag or commit of a Hub `seed_dataset`; defaults to the newest. The commit read is recorded.
+        seed_prompt_column (`str`, *optional*):
+            Column of a trace dataset holding the prompt (text or chat messages); defaults to `prompt`, else the
+            messages before the last assistant message of `messages`.
+        seed_completion_column (`str`, *optional*):
+            Column of a trace dataset holding the trace (text, or chat messages whose last assistant message is the
+            trace); defaults to `completion`, else `messages`.
+        seed_filter (`str`, *optional*):
+            `"success"`: keep only the text seeds that this run's `success_reward` function scores above
+            `success_threshold`, computed once at construction and cached in `<output_dir>/external_seeds/`.
         seed_dataset_same_tokenizer (`bool`, *optional*, defaults to `False`):
             Accept `seed_dataset` rows that carry no tokenizer fingerprint, as made by this run's tokenizer. Without it
             such rows are refused: another tokenizer's ids would be trained on as other text.
@@ -131,6 +146,19 @@ class SeedGRPOConfig(GRPOConfig):
     )
     seed_dataset: str | None = field(
         default=None, metadata={"help": "Seed dataset to start from: a run's output_dir, its seeds/ folder or shards."}
+    )
+    seed_dataset_revision: str | None = field(
+        default=None, metadata={"help": "Branch, tag or commit of a Hub seed_dataset (default: the newest)."}
+    )
+    seed_prompt_column: str | None = field(
+        default=None, metadata={"help": "Prompt column of a trace seed_dataset (default: prompt, else messages)."}
+    )
+    seed_completion_column: str | None = field(
+        default=None, metadata={"help": "Trace column of a trace seed_dataset (default: completion, else messages)."}
+    )
+    seed_filter: str | None = field(
+        default=None,
+        metadata={"help": "'success': keep only text seeds this run's success reward scores as successful."},
     )
     seed_dataset_same_tokenizer: bool = field(
         default=False,
@@ -196,6 +224,8 @@ class SeedGRPOConfig(GRPOConfig):
             raise ValueError(f"seed_method must be one of {SEED_METHODS}, got {self.seed_method!r}.")
         if self.prefix_mode not in PREFIX_MODES:
             raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}, got {self.prefix_mode!r}.")
+        if self.seed_filter is not None and self.seed_filter not in SEED_FILTERS:
+            raise ValueError(f"seed_filter must be None or one of {SEED_FILTERS}, got {self.seed_filter!r}.")
         if self.seed_selection not in SEED_SELECTIONS:
             raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {self.seed_selection!r}.")
         if not 0.0 <= self.seed_fraction <= 1.0:

@@ -48,16 +48,24 @@ def choose_cut(
     eos_token_ids: Collection[int],
     budget: int,
     boundary_token_ids: Collection[int] | None = None,
+    allowed: np.ndarray | None = None,
 ) -> Cut | None:
     """Cuts `seed_ids` at `k = floor(ratio * len(seed))`, clipped to `1 <= k <= max_cut`; None if no cut exists.
 
     With `boundary_token_ids` (e.g. the ids of tokens that contain a newline), `k` snaps to the nearest step
-    boundary, i.e. a position right after such a token, when one lies within the admissible range.
+    boundary, i.e. a position right after such a token, when one lies within the admissible range. With `allowed`
+    (the only positions a seed may be cut at: a re-tokenised text seed's text boundaries), `k` snaps to the nearest
+    of them in the admissible range, and there is no cut when none lies in it.
     """
     upper = max_cut(seed_ids, eos_token_ids, budget)
     if upper < 1:
         return None
     k = min(max(math.floor(ratio * len(seed_ids)), 1), upper)
+    if allowed is not None:
+        admissible = allowed[(allowed >= 1) & (allowed <= upper)]
+        if not admissible.size:
+            return None
+        return Cut(k=int(admissible[np.argmin(np.abs(admissible - k) * 2 + (admissible > k))]), ratio=ratio)
     if boundary_token_ids:
         boundaries = [i + 1 for i, token in enumerate(seed_ids[:upper]) if token in boundary_token_ids]
         if boundaries:
@@ -161,12 +169,14 @@ def draw_cut(
     eos_token_ids: Collection[int],
     budget: int,
     boundary_token_ids: Collection[int] | None = None,
+    allowed: np.ndarray | None = None,
 ) -> Cut | None:
     """Draws `r` uniformly over the admissible part of `[low, high]` and cuts there; None if no ratio in it fits.
 
-    Draws nothing from `rng` when the seed cannot be cut as asked, so the caller can count and skip it.
+    Draws nothing from `rng` when the seed cannot be cut as asked, so the caller can count and skip it. `allowed`:
+    see `choose_cut`.
     """
     bounds = admissible_ratios(seed_ids, eos_token_ids, budget, low, high)
     if bounds is None:
         return None
-    return choose_cut(seed_ids, draw_ratio(rng, *bounds), eos_token_ids, budget, boundary_token_ids)
+    return choose_cut(seed_ids, draw_ratio(rng, *bounds), eos_token_ids, budget, boundary_token_ids, allowed)

@@ -27,6 +27,8 @@ DATA_DIR = "data"
 CARD_FILE = "README.md"
 # What a seed dataset repo holds; anything else in it (scripts, other data) is not fetched.
 SEED_DATASET_PATTERNS = [f"{DATA_DIR}/*.parquet", CARD_FILE]
+# What is fetched of a `seed_dataset` that may be any dataset of traces (a ts_trl seed dataset included).
+TRACE_DATASET_PATTERNS = ["*.parquet", "*.jsonl", "*.json", "*.csv", CARD_FILE]
 # The Hub is busy, down or behind a proxy that timed out: worth trying again. Other 4xx answers (bad token, no write
 # access, invalid repo) fail the same way on every attempt, so they end the retries at once.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -315,19 +317,24 @@ def _is_retryable(error: Exception) -> bool:
 
 
 def download_seed_dataset(
-    repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None, token: str | None = None
+    repo_id: str,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | None = None,
+    traces: bool = False,
 ) -> Path:
     """Fetches the shards and card of a seed dataset repo into the Hugging Face cache; returns the local folder.
 
     The shards are under `<folder>/data/`; a folder that is already cached is used without network access, so this
-    also works with `HF_HUB_OFFLINE=1` once the dataset was downloaded.
+    also works with `HF_HUB_OFFLINE=1` once the dataset was downloaded. With `traces`, the repo may be any dataset
+    of traces: its Parquet, JSON, JSONL and CSV files are fetched, wherever they are. The folder's name is the commit.
     """
     try:
         folder = snapshot_download(
             repo_id,
             repo_type="dataset",
             revision=revision,
-            allow_patterns=SEED_DATASET_PATTERNS,
+            allow_patterns=TRACE_DATASET_PATTERNS if traces else SEED_DATASET_PATTERNS,
             cache_dir=cache_dir,
             token=token,
         )
@@ -352,7 +359,7 @@ def download_seed_dataset(
             f"{error}. Check the network, or pass a local path as seed_dataset."
         ) from error
     folder = Path(folder)
-    if not any((folder / DATA_DIR).glob("*.parquet")):
+    if not traces and not any((folder / DATA_DIR).glob("*.parquet")):
         raise ValueError(
             f"The dataset repo {repo_id!r} holds no {DATA_DIR}/*.parquet shards, so it is not a seed dataset written "
             "by ts_trl. Pass the repo a SeedHubPusher pushed to, or a local seed folder."

@@ -7,13 +7,13 @@ generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
-from .bank import Seed, SeedBank
+from .bank import EXTERNAL_STEP, Seed, SeedBank
 from .cutting import Cut, admissible_ratios, draw_cut
 from .group_signal import all_equal_groups
 
@@ -47,6 +47,7 @@ class GroupPlan:
     num_groups: int = 0
     num_eligible_groups: int = 0
     num_refused_cuts: int = 0  # groups drawn for seeding whose seed admits no cut in the ratio range and the budget
+    num_external_groups: int = 0  # seeded groups whose seed came from `seed_dataset` (another run or a trace dataset)
 
     @property
     def any_seeded(self) -> bool:
@@ -143,8 +144,11 @@ class GroupPlanner:
         eos_token_ids: Collection[int],
         boundary_token_ids: Collection[int] | None = None,
         max_positions: int | None = None,
+        text_cuts: Mapping[str, np.ndarray] | None = None,
     ):
         self.args = args
+        # rollout id -> the only positions a re-tokenised text seed may be cut at (its text boundaries)
+        self.text_cuts = text_cuts or {}
         self.max_positions = max_positions
         self.num_generations = num_generations
         self.budget = budget
@@ -248,6 +252,7 @@ class GroupPlanner:
             group_seed_passed=[self._passed(s) if s is not None else None for s in group_seeds],
             num_eligible_groups=sum(s is not None for s in candidates),
             num_refused_cuts=refused,
+            num_external_groups=sum(s is not None and s.step == EXTERNAL_STEP for s in group_seeds),
             replayed=[False] * local_size,
             global_replayed=np.zeros(len(group_keys) * G, dtype=bool),
         )
@@ -259,7 +264,8 @@ class GroupPlanner:
             bounds = admissible_ratios(ids, self.eos_token_ids, budget, low, high)
             chosen = self.cut_outcomes.choose(key, self._passed(seed), self.pass_rates.get(key), bounds)
             low, high = chosen or (low, high)
-        return draw_cut(ids, rng, low, high, self.eos_token_ids, budget, self.boundary_token_ids)
+        allowed = self.text_cuts.get(seed.rollout_id)
+        return draw_cut(ids, rng, low, high, self.eos_token_ids, budget, self.boundary_token_ids, allowed)
 
     def _passed(self, seed: Seed) -> bool:
         return bool(seed.reward > self.args.success_threshold)

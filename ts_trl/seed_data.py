@@ -25,18 +25,17 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:
-    from .bank import Rollout
-
 logger = logging.getLogger(__name__)
+
 
 SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
@@ -44,6 +43,23 @@ BANK_DIR = "bank"
 MANIFEST_FORMAT = 2  # 2: every shard entry carries `sha256` and `bank_sha256`; 1 (no checksums) is still read
 SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
 TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")  # `atomic_write`'s temporary files: `.<name>.tmp-<pid>`
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One generated response, as written to the seed dataset (one Parquet row)."""
+
+    rollout_id: str
+    prompt_id: str
+    prompt: str
+    completion: str
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
+    reward: float
+    step: int
+    prefix_len: int = 0
+    seed_origin: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)  # per reward function
 
 
 class SeedColumn(NamedTuple):
@@ -255,10 +271,19 @@ def _is_other_live_process(pid: int) -> bool:
 class SeedManifest:
     """The shards of a run's seed dataset (`seeds/manifest.json`), with their checksums; replaced atomically."""
 
-    def __init__(self, seeds_dir: Path, run_id: str, model: str, tokenizer: str, shards: list[dict] | None = None):
+    def __init__(
+        self,
+        seeds_dir: Path,
+        run_id: str,
+        model: str,
+        tokenizer: str,
+        shards: list[dict] | None = None,
+        external: dict | None = None,
+    ):
         self.seeds_dir = Path(seeds_dir)
         self.run_id, self.model, self.tokenizer = run_id, model, tokenizer
         self.shards = shards or []
+        self.external = external  # where the run's `seed_dataset` came from (see `external_seeds.py`), if any
 
     @staticmethod
     def path(seeds_dir: str | os.PathLike) -> Path:
@@ -273,6 +298,7 @@ class SeedManifest:
         try:
             payload = json.loads(path.read_text())
             manifest = cls(seeds_dir, payload["run_id"], payload["model"], payload["tokenizer"], payload["shards"])
+            manifest.external = payload.get("external")
             names = [(s["file"], s.get("bank_file")) for s in manifest.shards]
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path} is not a readable seed manifest ({type(error).__name__}: {error}).") from None
@@ -303,6 +329,8 @@ class SeedManifest:
             "tokenizer": self.tokenizer,
             "shards": self.shards,
         }
+        if self.external is not None:
+            payload["external"] = self.external
         atomic_write_json(self.path(self.seeds_dir), payload)
 
     def record(self, step: int, rows: int, sha256: str, bank_sha256: str) -> None:

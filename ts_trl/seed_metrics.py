@@ -49,6 +49,7 @@ def seed_metrics(
     if num_seeded_groups:
         values["seeds/prefix_len_mean"] = float(plan.global_prefix_len[plan.global_seeded].mean())
         values["seeds/reward_seeded"] = torch.nanmean(total_rewards[seeded]).item()
+        values["seeds/external_share"] = plan.num_external_groups / num_seeded_groups  # seeds from seed_dataset
         if plan.global_seed_age:
             values["seeds/seed_age_mean"] = float(np.mean(plan.global_seed_age))
     replayed = torch.as_tensor(plan.global_replayed, device=total_rewards.device)

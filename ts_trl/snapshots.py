@@ -27,16 +27,17 @@ from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .bank import Rollout, SeedBank
+from .bank import SeedBank
 from .cards import model_name_of
+from .external_seeds import read_external_seeds
 from .seed_data import (
     BANK_DIR,
     SEEDS_DIR,
+    Rollout,
     SeedManifest,
     atomic_write_bytes,
     atomic_write_json,
     bank_file_name,
-    load_seed_table,
     map_bank_file,
     read_bank_table,
     remove_stale_temporaries,
@@ -139,6 +140,8 @@ class SeedStore:
         success_reward: str | None = None,
         metrics: dict | None = None,
         use_vllm: bool = False,
+        train_dataset=None,
+        reward_funcs=(),
     ):
         self.output_dir = Path(args.output_dir)
         self.accelerator = accelerator
@@ -146,14 +149,20 @@ class SeedStore:
         self.tokenizer_fp, self.reward_names = tokenizer_fingerprint(tokenizer), list(reward_names)
         # Ids the model can emit: its embedding rows may outnumber the tokenizer's entries (padded vocabularies).
         self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
-        self.external_seeds = None
-        if args.seed_dataset is not None:
-            self.external_seeds = load_seed_table(
-                local_seed_dataset(args.seed_dataset),
-                self.tokenizer_fp,
-                len(tokenizer),
-                assume_same_tokenizer=args.seed_dataset_same_tokenizer,
-            )
+        # `seed_dataset`: another run's seeds or any traces (text seeds are re-tokenised, see `external_seeds.py`)
+        external = read_external_seeds(
+            args,
+            tokenizer,
+            self.tokenizer_fp,
+            train_dataset,
+            reward_funcs,
+            reward_names,
+            success_reward,
+            main=accelerator.is_main_process,
+        )
+        self.external_seeds = external.table if external is not None else None
+        self.external_provenance = external.provenance if external is not None else None
+        self.text_cuts = external.text_cuts if external is not None else {}  # rollout id -> where it may be cut
         self.sampling = sampling_settings(args, use_vllm)  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
         self.card_license = args.card_license
@@ -221,6 +230,10 @@ class SeedStore:
             self.seeds_dir.mkdir(parents=True, exist_ok=True)
             if manifest is None:
                 manifest = SeedManifest(self.seeds_dir, self.run_id, self.model_name, self.tokenizer_fp)
+                manifest.external = self.external_provenance
+                manifest.save()
+            elif manifest.external != self.external_provenance:  # a resumed run's seeds came from elsewhere
+                manifest.external = self.external_provenance
                 manifest.save()
             self.manifest = manifest
 
@@ -394,15 +407,6 @@ class SeedStore:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
         if self.pusher is not None:
             self.pusher.close(timeout=timeout)
-
-
-def local_seed_dataset(seed_dataset: str) -> str | Path:
-    """A local path as is; a Hub id ('org/name') that is not a local path is downloaded (or read from the cache)."""
-    if Path(seed_dataset).expanduser().exists() or seed_dataset.count("/") != 1 or seed_dataset.startswith((".", "/")):
-        return seed_dataset
-    from .hub import download_seed_dataset
-
-    return download_seed_dataset(seed_dataset)
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:

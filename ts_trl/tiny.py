@@ -17,6 +17,7 @@ import os
 import shutil
 import string
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -176,3 +177,30 @@ def save_base_for_adapter(model, tokenizer, output_dir, peft_config) -> Path | N
     # PEFT reads the name from the model's own `name_or_path`, which `from_pretrained` sets beside the config's.
     model.config._name_or_path = model.name_or_path = str(folder)
     return folder
+
+
+def build_word_tokenizer(corpus: Sequence[str], vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here, offline, on `corpus` (texts of the task it will tokenise).
+
+    It splits text into words, numbers and merged pieces, unlike `build_tokenizer`'s one token per character: the
+    "other model family" of the tests of text seeds across tokenizers. Same special tokens and chat template.
+    """
+    from tokenizers import trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    byte_level = bytes_to_unicode()
+    trainer = trainers.BpeTrainer(  # the characters of `build_tokenizer`, so that any text of one is text of the other
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=[byte_level[ord(character)] for character in CHARACTERS],
+        limit_alphabet=len(CHARACTERS),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
+    hf_tokenizer.chat_template = CHAT_TEMPLATE
+    return hf_tokenizer

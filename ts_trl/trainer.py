@@ -95,6 +95,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self._check_inputs(train_dataset, kwargs)
         self._success_index = check_success_reward(args.success_reward, self.reward_func_names)
         self.seed_splicer = SeedSplicer(args.prefix_mode)
+        self.seed_store = self._make_seed_store()  # reads `seed_dataset` (text seeds come with their cut positions)
         self.planner = GroupPlanner(
             args,
             self.num_generations,
@@ -102,8 +103,8 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.eos_token_ids,
             boundary_token_ids(self._tokenizer) if args.cut_at_newline else None,
             max_positions=getattr(self.model.config, "max_position_embeddings", None),
+            text_cuts=self.seed_store.text_cuts,
         )
-        self.seed_store = self._make_seed_store()
         self.seed_store.checkpoint_state = self.planner.state
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
@@ -137,6 +138,8 @@ class SeedGRPOTrainer(GRPOTrainer):
             success_reward=self.reward_func_names[self._success_index],
             metrics=self._metrics["train"],
             use_vllm=self.use_vllm,
+            train_dataset=self.train_dataset,
+            reward_funcs=self.reward_funcs,
         )
 
     @property

@@ -1,0 +1,517 @@
+"""Seeds from elsewhere (`seed_dataset`): a `ts_trl` seed dataset of this tokenizer, read with its token ids; or one
+of another tokenizer, or any dataset of reasoning traces, re-tokenised from its text with this run's tokenizer.
+
+Text seeds carry no behaviour log-probs (another policy sampled them, or none did), so they serve
+`prefix_mode="state"` with `seed_method="seeds"` only. Each is cut only where its text has a boundary (whitespace or
+a newline) *and* this tokenizer's own tokens of the text before the boundary are the trace's first tokens: the prefix
+a row continues from is then exactly the trace's text up to the boundary, tokenised as this tokenizer tokenises it.
+Each trace is matched to a training prompt by `prompt_id`, else by normalised prompt text; with `seed_filter="success"`
+only the traces this run's success reward scores as successful are kept.
+
+The result is computed once at construction and cached in `<output_dir>/external_seeds/` (the bank columns, the cut
+positions and where the seeds came from), so a resumed run reads back exactly the same seeds without recomputing.
+The one format owner stays `seed_data.py`; this module only turns foreign data into rows of its schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import logging
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .data import prompt_id_of
+from .seed_data import (
+    SEEDS_DIR,
+    SeedManifest,
+    atomic_write_json,
+    load_seed_table,
+    read_table,
+    resolve_seed_dataset,
+    write_shard,
+)
+
+logger = logging.getLogger(__name__)
+
+CACHE_DIR = "external_seeds"  # in output_dir: the text seeds a run computed, read back on resume
+CACHE_TABLE = "seeds.parquet"
+CACHE_PROVENANCE = "provenance.json"
+TRACE_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv")
+SCORE_BATCH = 64  # traces per reward call of `seed_filter="success"`
+CUT_POSITIONS = "cut_positions"  # the cached table's column: where each text seed may be cut
+MAX_CUT_CANDIDATES = 64  # text boundaries checked per trace (evenly spread): enough for any cut ratio
+
+
+@dataclass
+class ExternalSeeds:
+    """Seeds from `seed_dataset`: the bank's columns, the cut positions of text seeds, and where they came from."""
+
+    table: pa.Table
+    provenance: dict
+    text_cuts: dict[str, np.ndarray] = field(default_factory=dict)  # rollout id -> allowed cuts (text seeds only)
+
+
+@dataclass
+class Trace:
+    """One trace of a foreign dataset: its prompt (text or messages), its text, and what the dataset said of it."""
+
+    prompt: object
+    text: str
+    prompt_id: str | None = None
+    rollout_id: str | None = None
+    reward: float | None = None
+
+
+def is_hub_id(seed_dataset: str) -> bool:
+    """Whether `seed_dataset` names a Hub dataset ('org/name') rather than a local path."""
+    path = Path(seed_dataset).expanduser()
+    return not path.exists() and seed_dataset.count("/") == 1 and not seed_dataset.startswith((".", "/", "~"))
+
+
+def read_external_seeds(
+    args, tokenizer, tokenizer_fp: str, train_dataset, reward_funcs=(), reward_names=(), success_reward=None, main=True
+) -> ExternalSeeds | None:
+    """The seeds of `args.seed_dataset` for this run, or None without one; refusals are one line each.
+
+    `main`: this process writes the cache (every process computes the same seeds).
+    """
+    if args.seed_dataset is None:
+        return None
+    source = f"seed_dataset={args.seed_dataset!r}"
+    key = _cache_key(args, tokenizer_fp, train_dataset, success_reward)
+    cached = _read_cache(Path(args.output_dir) / CACHE_DIR, key)
+    if cached is not None:
+        refuse_text_seed_modes(args, source)
+        logger.info(f"{source}: {cached.table.num_rows} text seeds read back from {args.output_dir}/{CACHE_DIR}.")
+        return cached
+    folder, revision = _local_copy(args.seed_dataset, args.seed_dataset_revision)
+    table = read_any(folder, source)
+    provenance = {"dataset": args.seed_dataset, "revision": revision, **_source_model(table)}
+    if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
+        seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), args.seed_dataset_same_tokenizer)
+        provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
+        if args.seed_filter:
+            logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
+        return ExternalSeeds(seeds, provenance)
+    refuse_text_seed_modes(args, source)
+    traces, columns = read_traces(table, args.seed_prompt_column, args.seed_completion_column, source)
+    provenance.update(
+        kind="seed dataset of another tokenizer" if "completion_ids" in table.column_names else "traces",
+        prompt_column=columns[0],
+        completion_column=columns[1],
+        rows=len(traces),
+    )
+    success = (reward_funcs, reward_names, success_reward)
+    seeds = text_seeds(args, tokenizer, traces, train_dataset, success, source, main)
+    seeds.provenance = {**provenance, **seeds.provenance, "cache_key": key}
+    if main:
+        _write_cache(Path(args.output_dir) / CACHE_DIR, seeds)
+    return seeds
+
+
+def refuse_text_seed_modes(args, source: str) -> None:
+    """Text seeds have no behaviour log-probs: what needs them is refused, in one line."""
+    if args.prefix_mode == "action" or args.seed_method == "replay":
+        setting = "prefix_mode='action'" if args.prefix_mode == "action" else "seed_method='replay'"
+        raise ValueError(
+            f"{source} holds text seeds (another tokenizer's or a trace dataset's, re-tokenised), which have no "
+            f"behaviour log-probs, and {setting} trains on the seeds' own tokens with them. Use prefix_mode='state' "
+            "and seed_method='seeds', or a seed dataset written by this tokenizer."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading any dataset of traces
+
+
+def _local_copy(seed_dataset: str, revision: str | None) -> tuple[Path, str | None]:
+    """A local folder or file of the dataset, and the Hub commit it came from (None for a local path)."""
+    if not is_hub_id(seed_dataset):
+        path = Path(seed_dataset).expanduser()
+        if not path.exists():
+            raise ValueError(f"seed_dataset={seed_dataset!r}: no such file or folder, and not a Hub id ('org/name').")
+        return path, None
+    from .hub import download_seed_dataset
+
+    folder = download_seed_dataset(seed_dataset, revision=revision, traces=True)
+    return folder, folder.name  # the Hugging Face cache names a snapshot folder by its commit
+
+
+def read_any(path: Path, source: str) -> pa.Table:
+    """The rows of a seed dataset or trace dataset: a file or folder of Parquet, JSON, JSONL or CSV files.
+
+    A folder with a ts_trl manifest (a run, its seeds/ folder) is read through it, checksums checked.
+    """
+    if path.is_dir() and any(SeedManifest.path(folder).is_file() for folder in (path / SEEDS_DIR, path)):
+        return read_table(resolve_seed_dataset(path))
+    files = [path] if path.is_file() else []
+    for extension in TRACE_EXTENSIONS if path.is_dir() else ():
+        found = [f for f in sorted(path.rglob(f"*{extension}")) if _is_data_file(f, path)]
+        if found:
+            files = found
+            break
+    if not files or files[0].suffix not in TRACE_EXTENSIONS:
+        raise ValueError(
+            f"{source} holds no seeds or traces: expected a run directory, a seeds/ folder, or Parquet, JSON, JSONL "
+            "or CSV files of traces. Pass the output_dir of an earlier run, or a file of traces."
+        )
+    tables = [_read_file(f, source) for f in files]
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
+def _is_data_file(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts
+    return not any(p.startswith(".") or p == "superseded" for p in parts) and path.name != "manifest.json"
+
+
+def _read_file(path: Path, source: str) -> pa.Table:
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        if path.suffix == ".csv":
+            from pyarrow import csv
+
+            return csv.read_csv(path)
+        text = path.read_text()
+        if path.suffix == ".json" and text.lstrip().startswith(("[", "{")) and not _is_json_lines(text):
+            rows = json.loads(text)
+            rows = rows.get("data", rows) if isinstance(rows, dict) else rows
+            return pa.Table.from_pylist(rows) if isinstance(rows, list) else pa.table(rows)
+        return pa.Table.from_pylist([json.loads(line) for line in text.splitlines() if line.strip()])
+    except (pa.ArrowInvalid, ValueError, OSError, AttributeError) as error:
+        raise ValueError(f"{source}: cannot read {path} ({type(error).__name__}: {error}).") from None
+
+
+def _is_json_lines(text: str) -> bool:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines)
+
+
+def _is_same_tokenizer_seed_dataset(table: pa.Table, tokenizer_fp: str) -> bool:
+    """A ts_trl seed dataset read with its token ids: it has them and no other tokenizer's fingerprint.
+
+    Rows without a fingerprint go that way too, where `seed_dataset_same_tokenizer` or the refusal decides.
+    """
+    if "completion_ids" not in table.column_names:
+        return False
+    found = set(table.column("tokenizer").unique().to_pylist()) if "tokenizer" in table.column_names else {None}
+    return not (found - {None, tokenizer_fp}) or "completion" not in table.column_names
+
+
+def _source_model(table: pa.Table) -> dict:
+    """The model and tokenizer a dataset says made it (ts_trl's `model` and `tokenizer` columns), None if unknown."""
+    info = {}
+    for name in ("model", "tokenizer"):
+        values = table.column(name).unique().to_pylist() if name in table.column_names else []
+        values = [v for v in values if v is not None]
+        info[name] = values[0] if len(values) == 1 else (values or None)
+    return info
+
+
+def read_traces(table: pa.Table, prompt_column, completion_column, source: str) -> tuple[list[Trace], tuple]:
+    """Every row's prompt and trace text, from the named columns or the defaults (`prompt`/`completion`, `messages`)."""
+    names = table.column_names
+    default_completion = next((c for c in ("completion", "messages") if c in names), None)
+    completion_column = completion_column or default_completion
+    prompt_column = prompt_column or ("prompt" if "prompt" in names else None)
+    for option, column in (("seed_completion_column", completion_column), ("seed_prompt_column", prompt_column)):
+        if column is not None and column not in names:
+            raise ValueError(f"{source} has no column {column!r} ({option}); its columns are {names}.")
+    if completion_column is None:
+        raise ValueError(
+            f"{source} has no 'completion' or 'messages' column; its columns are {names}. Name the column of the "
+            "traces with seed_completion_column."
+        )
+    completions = table.column(completion_column).to_pylist()
+    prompts = table.column(prompt_column).to_pylist() if prompt_column else [None] * len(completions)
+    extra = {c: table.column(c).to_pylist() for c in ("prompt_id", "rollout_id", "reward") if c in names}
+    traces = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        prompt, text = _split_messages(prompt, completion, f"{source}, row {i} of column {completion_column!r}")
+        if prompt is None:
+            raise ValueError(
+                f"{source}: row {i} has no prompt (no 'prompt' column, and its trace is not chat messages with a "
+                "user turn). Name the prompt's column with seed_prompt_column."
+            )
+        reward = extra.get("reward", [None] * len(completions))[i]
+        traces.append(
+            Trace(
+                prompt,
+                text,
+                _text_or_none(extra.get("prompt_id"), i),
+                _text_or_none(extra.get("rollout_id"), i),
+                float(reward) if isinstance(reward, (int, float)) else None,
+            )
+        )
+    return traces, (prompt_column or f"{completion_column} (messages)", completion_column)
+
+
+def _text_or_none(values, i: int) -> str | None:
+    return None if values is None or values[i] is None else str(values[i])
+
+
+def _split_messages(prompt, completion, where: str) -> tuple[object, str]:
+    """(prompt, trace text) of a row: a chat trace's last assistant message is the trace, the turns before it the
+    prompt (unless a prompt column gave one)."""
+    if isinstance(completion, str):
+        return prompt, completion
+    if isinstance(completion, list) and all(isinstance(m, dict) for m in completion):
+        last = max((i for i, m in enumerate(completion) if m.get("role") == "assistant"), default=None)
+        if last is not None and isinstance(completion[last].get("content"), str):
+            return (prompt if prompt is not None else completion[:last] or None), completion[last]["content"]
+    raise ValueError(f"{where} holds {type(completion).__name__}, not text or chat messages with an assistant turn.")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Matching, re-tokenising, scoring
+
+
+def normalised(prompt) -> list[str]:
+    """The keys a prompt is matched by: its whole text and its last user turn, NFKC with whitespace collapsed.
+
+    A conversational prompt may come as messages or as their JSON text (a ts_trl seed dataset's `prompt` column).
+    """
+    if isinstance(prompt, str) and prompt.lstrip().startswith("[{"):
+        try:
+            prompt = json.loads(prompt)
+        except ValueError:
+            pass
+    if isinstance(prompt, list):
+        turns = [m for m in prompt if isinstance(m, dict) and m.get("role") != "assistant"]
+        users = [str(m.get("content", "")) for m in turns if m.get("role") == "user"]
+        texts = ["\n".join(str(m.get("content", "")) for m in turns), *users[-1:]]
+    else:
+        texts = [str(prompt)]
+    keys = [" ".join(unicodedata.normalize("NFKC", text).split()) for text in texts]
+    return [key for key in dict.fromkeys(keys) if key]
+
+
+def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int | None]:
+    """The training row each trace's prompt is, by `prompt_id`, else by normalised text; None where none matches.
+
+    Refuses, in one line, a training set it cannot index and traces none of which match.
+    """
+    if train_dataset is None or not hasattr(train_dataset, "__len__"):
+        raise ValueError(
+            f"{source} holds text seeds, which are matched to the training prompts, but the training set cannot be "
+            "indexed (an iterable dataset). Pass a map-style Dataset, or a seed dataset written by this tokenizer."
+        )
+    prompts = train_dataset["prompt"]
+    ids = train_dataset["prompt_id"] if "prompt_id" in train_dataset.column_names else [None] * len(prompts)
+    by_id, by_text = {}, {}
+    for row, (prompt, prompt_id) in enumerate(zip(prompts, ids)):
+        by_id.setdefault(str(prompt_id) if prompt_id is not None else prompt_id_of(prompt), row)
+        for key in normalised(prompt):
+            by_text.setdefault(key, row)
+    rows = []
+    for trace in traces:
+        row = by_id.get(trace.prompt_id) if trace.prompt_id is not None else None
+        if row is None:
+            row = next((by_text[key] for key in normalised(trace.prompt) if key in by_text), None)
+        rows.append(row)
+    matched = sum(row is not None for row in rows)
+    if not matched:
+        example = normalised(traces[0].prompt)[:1] if traces else []
+        raise ValueError(
+            f"{source}: none of its {len(traces)} traces' prompts matches a training prompt (by prompt_id or by "
+            f"normalised text; e.g. {example[0][:60] if example else ''!r}). Seed from traces of this training set, or "
+            "name the prompt's column with seed_prompt_column."
+        )
+    report = logger.info if matched == len(traces) else logger.warning  # unmatched traces are left out
+    report(f"{source}: {matched} of {len(traces)} traces match a training prompt; only those seed this run.")
+    return rows
+
+
+def retokenise(tokenizer, text: str, newline_only: bool = False) -> tuple[list[int], np.ndarray]:
+    """This tokenizer's ids of `text`, and the positions `k` the seed may be cut at.
+
+    `k` is allowed where the text before it ends at a text boundary (next to whitespace; with `newline_only`, right
+    after a newline) and this tokenizer, given that text alone, returns exactly `ids[:k]` and decodes them back to it:
+    the cut never falls inside a token it would split differently. At most `MAX_CUT_CANDIDATES` boundaries, evenly
+    spread over the text, are checked, which bounds the cost at that many tokenisations of a prefix per trace.
+    """
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if newline_only:
+        ends = [p for p in range(1, len(text)) if text[p - 1] == "\n"]
+    else:
+        ends = [p for p in range(1, len(text)) if text[p - 1].isspace() or text[p].isspace()]
+    if not ends:
+        return ids, np.zeros(0, np.int32)
+    if len(ends) > MAX_CUT_CANDIDATES:  # each check tokenises a prefix: O(length) per candidate
+        ends = [ends[i] for i in np.unique(np.linspace(0, len(ends) - 1, MAX_CUT_CANDIDATES).round().astype(int))]
+    encoded = tokenizer([text[:p] for p in ends], add_special_tokens=False)["input_ids"]
+    candidates = [(p, e) for p, e in zip(ends, encoded) if 0 < len(e) < len(ids) and ids[: len(e)] == e]
+    decoded = tokenizer.batch_decode([e for _, e in candidates], skip_special_tokens=False)
+    cuts = {len(e) for (p, e), back in zip(candidates, decoded) if back == text[:p]}
+    return ids, np.array(sorted(cuts), np.int32)
+
+
+def success_scores(traces, rows, train_dataset, success, source, main=True) -> np.ndarray:
+    """The success reward of each trace, scored as this run scores its own rollouts, with a progress bar.
+
+    `success`: (the run's reward functions, their names, the success reward's name); `rows`: each trace's training row,
+    whose columns (e.g. `answer`) the reward function gets as TRL passes them.
+    """
+    from tqdm.auto import tqdm
+
+    reward_funcs, reward_names, success_reward = success
+    func = reward_funcs[list(reward_names).index(success_reward)]
+    if not callable(func) or hasattr(func, "forward"):
+        raise ValueError(
+            f"{source}: seed_filter='success' scores traces with the reward function {success_reward!r}, which is a "
+            "reward model; only reward functions (callables) can score them here. Set success_reward to one."
+        )
+    columns = [c for c in train_dataset.column_names if c not in ("prompt", "completion", "completion_ids")]
+    scores = np.full(len(traces), np.nan, np.float32)
+    batches = range(0, len(traces), SCORE_BATCH)
+    for start in tqdm(batches, desc=f"Scoring the traces of {source}", disable=not main):
+        batch = range(start, min(start + SCORE_BATCH, len(traces)))
+        examples = [train_dataset[rows[i]] for i in batch]
+        prompts = [example["prompt"] for example in examples]
+        completions = [
+            [{"role": "assistant", "content": traces[i].text}] if isinstance(p, list) else traces[i].text
+            for i, p in zip(batch, prompts)
+        ]
+        kwargs = {c: [example[c] for example in examples] for c in columns}
+        kwargs.update(trainer_state=None, log_extra=_ignore, log_metric=_ignore)
+        values = func(prompts=prompts, completions=completions, completion_ids=[None] * len(batch), **kwargs)
+        if inspect.isawaitable(values):
+            values = asyncio.run(values)
+        scores[start : start + len(batch)] = [np.nan if v is None else float(v) for v in values]
+    return scores
+
+
+def _ignore(*args, **kwargs) -> None:
+    """What a reward function's `log_extra` and `log_metric` do while traces are scored: nothing is logged."""
+
+
+def text_seeds(args, tokenizer, traces, train_dataset, success, source: str, main: bool = True) -> ExternalSeeds:
+    """The bank rows of re-tokenised traces that match a training prompt, fit the budget and (with the filter) passed.
+
+    `success`: (the run's reward functions, their names, the success reward's name), for `seed_filter="success"`.
+    """
+    rows = match_prompts(traces, train_dataset, source)
+    kept = [i for i, row in enumerate(rows) if row is not None]
+    provenance = {"matched": len(kept)}
+    rewards = {i: traces[i].reward for i in kept}
+    if args.seed_filter == "success":
+        scores = success_scores(
+            [traces[i] for i in kept],
+            [rows[i] for i in kept],
+            train_dataset,
+            success,
+            source,
+            main,
+        )
+        rewards = dict(zip(kept, scores.tolist()))
+        kept = [i for i in kept if rewards[i] > args.success_threshold]
+        provenance.update(filter="success", success_reward=success[2], successful=len(kept))
+        if not kept:
+            raise ValueError(
+                f"{source}: none of its {len(rewards)} matched traces scores above success_threshold="
+                f"{args.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
+                "none. Check the traces' answers, or leave seed_filter unset."
+            )
+    tokenised = {i: retokenise(tokenizer, traces[i].text, args.cut_at_newline) for i in kept}
+    _check_budget([len(tokenised[i][0]) for i in kept], args.max_completion_length, source)
+    prompt_ids = _prompt_ids(train_dataset)
+    table = seed_rows_table(
+        [traces[i].rollout_id or f"trace-{i}" for i in kept],
+        [prompt_ids[rows[i]] for i in kept],
+        [tokenised[i] for i in kept],
+        [rewards[i] for i in kept],
+    )
+    provenance["kept"] = len(kept)
+    return ExternalSeeds(table, provenance, _cuts_of(table))
+
+
+def _check_budget(lengths: list[int], budget: int, source: str) -> None:
+    too_long = [n for n in lengths if n > budget]
+    if too_long:
+        raise ValueError(
+            f"{source}: {len(too_long)} of its {len(lengths)} traces are longer than max_completion_length={budget} "
+            f"tokens once tokenised with this tokenizer (the longest: {max(too_long)}). Raise max_completion_length, "
+            "or drop the long traces from the dataset."
+        )
+
+
+def _prompt_ids(train_dataset) -> list[str]:
+    """Each training row's prompt id, as the trainer keys it (`seed_batch.prompt_key`)."""
+    if "prompt_id" in train_dataset.column_names:
+        ids = train_dataset["prompt_id"]
+        return [str(i) if i is not None else prompt_id_of(p) for i, p in zip(ids, train_dataset["prompt"])]
+    return [prompt_id_of(prompt) for prompt in train_dataset["prompt"]]
+
+
+def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards) -> pa.Table:
+    """Text seeds as bank rows: this tokenizer's ids, NaN log-probs (no behaviour policy), and where each may be cut."""
+    ids = [pair[0] for pair in tokenised]
+    return pa.table(
+        {
+            "rollout_id": pa.array(rollout_ids, pa.string()),
+            "prompt_id": pa.array(prompt_ids, pa.string()),
+            "completion_ids": pa.array(ids, pa.list_(pa.int32())),
+            "logprobs": pa.array([[float("nan")] * len(x) for x in ids], pa.list_(pa.float32())),
+            "reward": pa.array(rewards, pa.float32()),
+            "step": pa.array([0] * len(ids), pa.int32()),
+            CUT_POSITIONS: pa.array([pair[1] for pair in tokenised], pa.list_(pa.int32())),
+        }
+    )
+
+
+def _cuts_of(table: pa.Table) -> dict[str, np.ndarray]:
+    cuts = table.column(CUT_POSITIONS).to_pylist()
+    return {rid: np.asarray(c, np.int32) for rid, c in zip(table.column("rollout_id").to_pylist(), cuts)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The cache next to the run
+
+
+def _cache_key(args, tokenizer_fp: str, train_dataset, success_reward) -> str:
+    """What the text seeds depend on: the dataset (and a local one's files), the options, tokenizer and prompts."""
+    settings = {
+        name: getattr(args, name)
+        for name in (
+            "seed_dataset",
+            "seed_dataset_revision",
+            "seed_prompt_column",
+            "seed_completion_column",
+            "seed_filter",
+            "max_completion_length",
+            "cut_at_newline",
+        )
+    }
+    if args.seed_filter:
+        settings.update(success_reward=success_reward, success_threshold=args.success_threshold)
+    path = Path(args.seed_dataset).expanduser()
+    files = sorted(path.rglob("*")) if path.is_dir() else [path] if path.is_file() else []
+    settings["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    prompts = train_dataset["prompt"] if hasattr(train_dataset, "column_names") else []
+    settings["prompts"] = hashlib.sha256(json.dumps(list(prompts), sort_keys=True).encode()).hexdigest()
+    settings["tokenizer"] = tokenizer_fp
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_cache(folder: Path, key: str) -> ExternalSeeds | None:
+    try:
+        provenance = json.loads((folder / CACHE_PROVENANCE).read_text())
+        if provenance.get("cache_key") != key:
+            return None
+        table = pq.read_table(folder / CACHE_TABLE)
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return None
+    return ExternalSeeds(table, provenance, _cuts_of(table))
+
+
+def _write_cache(folder: Path, seeds: ExternalSeeds) -> None:
+    write_shard(seeds.table, folder / CACHE_TABLE)
+    atomic_write_json(folder / CACHE_PROVENANCE, seeds.provenance)
