@@ -81,10 +81,10 @@ def _assert_banks_the_sampling_policy(trainer, tokenizer):
             k = row["prefix_len"]  # prefix tokens keep the seed's own behaviour log-probs
             expected = recomputed_logprobs(model, tokenizer, row)
             # Training scores the row inside a padded batch, which shifts float rounding: measured up to 7.7e-3 on
-            # one token (a row's mean <= 8e-4; the continuous-batching test), while the weights of one step earlier
-            # are off by >= 2e-2 on a row's mean and >= 7e-2 at its worst token. So: the mean close, no token far.
+            # one token (continuous batching) and 2.0e-3 on a row's mean (top_k, action), while the weights of one
+            # step earlier are off by >= 2e-2 on a row's mean and >= 7e-2 at its worst token.
             errors = np.abs(np.array(row["logprobs"][k:]) - np.array(expected[k:]))
-            assert errors.mean() < 2e-3 and errors.max() < 1.5e-2, (step, row["rollout_id"], errors.tolist())
+            assert errors.mean() < 5e-3 and errors.max() < 1.5e-2, (step, row["rollout_id"], errors.tolist())
             checked += 1
     assert checked >= 8
 
