@@ -3,6 +3,10 @@
 Nothing here touches torch or trainer state: the trainer gathers the prompt ids of the global batch and the rewards,
 and this module turns them into a `GroupPlan` (the same on every rank, since every rank draws from the same
 generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py with a hand-filled `SeedBank`.
+
+Two switches beside the paper's method live here too (docs/target-cuts.md): `cut_selection="target"` (`CutOutcomes`:
+the ratio bin whose estimated continuation pass rate is nearest a target) and `seed_trigger="zero_std"` (seed only
+prompts whose last plain group was all-equal). Their statistics are part of `GroupPlanner.state()`.
 """
 
 from __future__ import annotations
