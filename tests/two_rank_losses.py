@@ -24,6 +24,7 @@ MODES = {
     "replay": dict(seed_method="replay"),
     # docs/target-cuts.md: the first prompt always fails, so it is seeded (from its passed seed) from step 1 on
     "target": dict(seed_method="seeds", prefix_mode="action", cut_selection="target", seed_trigger="zero_std"),
+    "target-state": dict(seed_method="seeds", prefix_mode="state", cut_selection="target", seed_trigger="zero_std"),
 }
 
 
@@ -97,7 +98,7 @@ def run(mode: str, output_dir: Path, num_processes: int) -> dict:
     )
     trainer = SeedGRPOTrainer(
         model=build_tiny_model(tokenizer),
-        reward_funcs=first_prompt_fails if mode == "target" else count_reward,
+        reward_funcs=first_prompt_fails if mode.startswith("target") else count_reward,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         processing_class=tokenizer,
