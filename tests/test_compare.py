@@ -16,6 +16,7 @@ import torch
 import tests.conftest as c
 from tests.conftest import TINY_SETTINGS, seed_rows
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.analysis.compare import METHODS
 
 G = 4  # num_generations of every run below
 
@@ -587,3 +588,13 @@ def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
     done, minutes, out = _compare(tmp_path)
     assert minutes <= 10, f"compare --quick took {minutes:.1f} min, over its 10-minute budget"
     _check_quick_comparison(done, out, steps=40)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_compare_method_is_a_valid_seed_config(method, tmp_path):
+    """Each arm `compare` offers is a setting `SeedGRPOConfig` accepts, as `compare` passes it."""
+    config = SeedGRPOConfig(
+        output_dir=str(tmp_path), report_to=[], use_cpu=True, seed_snapshot_only=False, **METHODS[method]
+    )
+    for key, value in METHODS[method].items():
+        assert getattr(config, key) == value

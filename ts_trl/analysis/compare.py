@@ -2,7 +2,8 @@
 
 Methods: `none` (on-policy GRPO), `replay` (whole old rollouts in the group, truncated IS), `seeds-action` (Thinking
 Seeds with prefix actions trained), `seeds-state` (Thinking Seeds, the method, uniform seed selection) and, on
-request, `seeds-state-success` / `-failure` / `-passrate` (the other seed selections). Every run starts from the same
+request, `seeds-state-success` / `-failure` / `-passrate` (the other seed selections) and the extensions
+`seeds-state-target` (`cut_selection="target"`) and `seeds-state-rescue` (`seed_trigger="zero_std"`). Every run starts from the same
 warmed-up tiny model (the warm-up is cached), trains the same number of optimizer steps on the same prompts, and is
 scored on the held-out split with the same sampling seed per RNG seed (common random numbers), so that methods are
 compared *paired*: per RNG seed and per held-out prompt. Generated tokens are counted apart from seed-prefix and
@@ -47,6 +48,9 @@ METHODS = {
     "seeds-state-success": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "success"},
     "seeds-state-failure": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "failure"},
     "seeds-state-passrate": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "passrate"},
+    # Extensions beside the paper's method (docs/target-cuts.md): cuts aimed at a pass rate, seeding all-equal groups.
+    "seeds-state-target": {"seed_method": "seeds", "prefix_mode": "state", "cut_selection": "target"},
+    "seeds-state-rescue": {"seed_method": "seeds", "prefix_mode": "state", "seed_trigger": "zero_std"},
 }
 DEFAULT_METHODS = ["none", "replay", "seeds-action", "seeds-state"]
 BASELINE = "none"
