@@ -119,9 +119,12 @@ def test_prefix_actions_train_under_every_loss(make_trainer, settings):
     assert ratios and all(0 < x <= trainer.args.prefix_is_clip for x in ratios), ratios
 
 
-def test_continuous_batching_continues_seeds_within_their_budget(make_trainer, tokenizer):
-    """transformers' continuous batching (no forced prefixes) gets the spliced prompts and the budget they leave, with
-    the cuts and the seeded groups chosen by the switches of docs/target-cuts.md."""
+@pytest.mark.parametrize(
+    "switches", [{}, dict(prefix_mode="action", **TARGET_CUTS)], ids=["state", "action,target_cuts"]
+)
+def test_continuous_batching_continues_seeds_within_their_budget(make_trainer, tokenizer, switches):
+    """transformers' continuous batching (no forced prefixes) gets the spliced prompts and the budget they leave; also
+    with the cuts and the seeded groups chosen by the switches of docs/target-cuts.md, in action mode."""
     # A paged cache the size of the batch: left to itself, transformers sizes it (and its attention mask) by the free
     # memory of the machine, and clearing that took 30 of this test's 40 s on CPU.
     cache = dict(num_blocks=16, max_batch_tokens=256)
@@ -129,7 +132,7 @@ def test_continuous_batching_continues_seeds_within_their_budget(make_trainer, t
         make_trainer,
         use_transformers_continuous_batching=True,
         transformers_continuous_batching_config=cache,
-        **TARGET_CUTS,
+        **switches,
     )
     _assert_banks_the_sampling_policy(trainer, tokenizer)
     continued = [r for r in seed_rows(trainer.args.output_dir) if r["seed_origin"] is not None]
