@@ -14,7 +14,7 @@ from ts_trl.analysis.stats import paired_t
 
 here = Path(__file__).resolve().parent
 results = here / "results"
-seeds = sorted(int(p.stem.split("seed")[1]) for p in results.glob("seeded-seed*.json"))
+seeds = sorted(int(p.stem.rsplit("-seed", 1)[1]) for p in results.glob("seeded-seed*.json"))
 load = lambda name: json.loads((results / f"{name}.json").read_text())
 
 
