@@ -176,6 +176,37 @@ def test_seeds_from_a_jsonl_of_traces(make_trainer, tmp_path, seed_filter, monke
         assert again.state.global_step == 3
 
 
+def test_a_damaged_or_outdated_cache_is_said_and_the_traces_read_again(make_trainer, tmp_path, caplog):
+    """The cache is input too: a flipped bit in its table, or a trace file that changed since, is named in a warning
+    and the seeds are computed again from the traces (the same seeds, for the same traces)."""
+    dataset = EmbeddedTask().make_splits(4, 1)[0]
+    write_traces(tmp_path / "traces.jsonl", dataset)
+    settings = dict(
+        dataset=dataset,
+        reward=embedded_reward,
+        seed_dataset=str(tmp_path / "traces.jsonl"),
+        seed_filter="success",
+        max_completion_length=32,
+    )
+    first = make_trainer(**settings)
+    table = tmp_path / "run" / CACHE_DIR / "seeds.parquet"
+    data = bytearray(table.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    table.write_bytes(bytes(data))
+    caplog.clear()
+    again = make_trainer(**settings)
+    assert f"{table} does not match its checksum" in caplog.text
+    assert again.seed_bank.rollout_ids == first.seed_bank.rollout_ids
+    assert [again.seed_bank.get(i).completion_ids.tolist() for i in range(len(again.seed_bank))] == [
+        first.seed_bank.get(i).completion_ids.tolist() for i in range(len(first.seed_bank))
+    ]
+
+    write_traces(tmp_path / "traces.jsonl", dataset, extra=[{"prompt": "Q: 1+1\nA:", "completion": " 2\n#### 2"}])
+    caplog.clear()
+    make_trainer(**settings)
+    assert "holds text seeds of other settings or of another version" in caplog.text
+
+
 def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
     dataset = EmbeddedTask().make_splits(4, 1)[0]
     write_traces(tmp_path / "traces.jsonl", dataset)

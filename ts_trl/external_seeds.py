@@ -33,6 +33,7 @@ from .seed_data import (
     SEEDS_DIR,
     SeedManifest,
     atomic_write_json,
+    file_sha256,
     load_seed_table,
     read_table,
     resolve_seed_dataset,
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 CACHE_DIR = "external_seeds"  # in output_dir: the text seeds a run computed, read back on resume
 CACHE_TABLE = "seeds.parquet"
 CACHE_PROVENANCE = "provenance.json"
+CACHE_CHECKSUM = "table_sha256"  # in provenance.json: the SHA-256 of seeds.parquet, checked when it is read back
 TRACE_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv")
 SCORE_BATCH = 64  # traces per reward call of `seed_filter="success"`
 CUT_POSITIONS = "cut_positions"  # the cached table's column: where each text seed may be cut
@@ -87,7 +89,7 @@ def read_external_seeds(
         return None
     source = f"seed_dataset={args.seed_dataset!r}"
     key = _cache_key(args, tokenizer_fp, train_dataset, success_reward)
-    cached = _read_cache(Path(args.output_dir) / CACHE_DIR, key)
+    cached = _read_cache(Path(args.output_dir) / CACHE_DIR, key, source)
     if cached is not None:
         refuse_text_seed_modes(args, source)
         logger.info(f"{source}: {cached.table.num_rows} text seeds read back from {args.output_dir}/{CACHE_DIR}.")
@@ -501,17 +503,33 @@ def _cache_key(args, tokenizer_fp: str, train_dataset, success_reward) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _read_cache(folder: Path, key: str) -> ExternalSeeds | None:
+def _read_cache(folder: Path, key: str, source: str) -> ExternalSeeds | None:
+    """The text seeds cached in `folder` for `key`, or None: none cached, or a cache that cannot serve this run (other
+    settings, another version of the dataset, a damaged file), which is said in a warning before the dataset is read
+    again."""
+    if not (folder / CACHE_PROVENANCE).exists():
+        return None
     try:
         provenance = json.loads((folder / CACHE_PROVENANCE).read_text())
+        checksum = provenance.pop(CACHE_CHECKSUM, None)
         if provenance.get("cache_key") != key:
+            logger.warning(
+                f"{folder} holds text seeds of other settings or of another version of {source}: reading it again "
+                "(a resumed run then seeds from what is read now)."
+            )
+            return None
+        if checksum is None or file_sha256(folder / CACHE_TABLE) != checksum:
+            logger.warning(
+                f"{folder / CACHE_TABLE} does not match its checksum in {CACHE_PROVENANCE}: reading {source} again."
+            )
             return None
         table = pq.read_table(folder / CACHE_TABLE)
-    except (OSError, ValueError, pa.ArrowInvalid):
+    except (OSError, ValueError, AttributeError, pa.ArrowInvalid) as error:
+        logger.warning(f"{folder}: the cached text seeds cannot be read ({error}); reading {source} again.")
         return None
     return ExternalSeeds(table, provenance, _cuts_of(table))
 
 
 def _write_cache(folder: Path, seeds: ExternalSeeds) -> None:
-    write_shard(seeds.table, folder / CACHE_TABLE)
-    atomic_write_json(folder / CACHE_PROVENANCE, seeds.provenance)
+    checksum = write_shard(seeds.table, folder / CACHE_TABLE)
+    atomic_write_json(folder / CACHE_PROVENANCE, {**seeds.provenance, CACHE_CHECKSUM: checksum})
