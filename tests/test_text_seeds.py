@@ -211,12 +211,15 @@ def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
     dataset = EmbeddedTask().make_splits(4, 1)[0]
     write_traces(tmp_path / "traces.jsonl", dataset)
     traces = str(tmp_path / "traces.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
     refusals = [
         (dict(prefix_mode="action"), "no behaviour log-probs"),
         (dict(seed_method="replay"), "no behaviour log-probs"),
         (dict(seed_completion_column="answer_text"), "no column 'answer_text' \\(seed_completion_column\\)"),
         (dict(dataset=EmbeddedTask(seed=9).make_splits(4, 1)[0]), "none of its 6 traces' prompts matches"),
         (dict(max_completion_length=10), "longer than max_completion_length=10"),
+        (dict(seed_dataset=str(empty)), "holds no rows"),
     ]
     for overrides, message in refusals:
         settings = dict(dataset=dataset, reward=embedded_reward, seed_dataset=traces, max_completion_length=32)

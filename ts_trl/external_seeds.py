@@ -221,6 +221,8 @@ def _source_model(table: pa.Table) -> dict:
 def read_traces(table: pa.Table, prompt_column, completion_column, source: str) -> tuple[list[Trace], tuple]:
     """Every row's prompt and trace text, from the named columns or the defaults (`prompt`/`completion`, `messages`)."""
     names = table.column_names
+    if table.num_rows == 0:
+        raise ValueError(f"{source} holds no rows: seed from a dataset with at least one trace, or drop seed_dataset.")
     default_completion = next((c for c in ("completion", "messages") if c in names), None)
     completion_column = completion_column or default_completion
     prompt_column = prompt_column or ("prompt" if "prompt" in names else None)

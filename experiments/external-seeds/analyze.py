@@ -5,6 +5,7 @@
 Reads results/*.json (evaluate.py + train_one.sh) and each seeded run's metrics.jsonl; writes summary.csv,
 summary.json and prints a markdown table.
 """
+
 import csv
 import json
 import math
@@ -15,7 +16,10 @@ from ts_trl.analysis.stats import paired_t
 here = Path(__file__).resolve().parent
 results = here / "results"
 seeds = sorted(int(p.stem.rsplit("-seed", 1)[1]) for p in results.glob("seeded-seed*.json"))
-load = lambda name: json.loads((results / f"{name}.json").read_text())
+
+
+def load(name):
+    return json.loads((results / f"{name}.json").read_text())
 
 
 def seeding_metrics(run: str) -> dict:
@@ -24,7 +28,12 @@ def seeding_metrics(run: str) -> dict:
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     out = {}
-    for key in ("seeds/seeded_group_share", "seeds/external_share", "seeds/prefix_len_mean", "seeds/refused_cut_share"):
+    for key in (
+        "seeds/seeded_group_share",
+        "seeds/external_share",
+        "seeds/prefix_len_mean",
+        "seeds/refused_cut_share",
+    ):
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
         out[key.split("/")[1]] = sum(values) / len(values) if values else float("nan")
     return out
@@ -33,21 +42,23 @@ def seeding_metrics(run: str) -> dict:
 table = []
 for s in seeds:
     warm, on, sd = load(f"warm-seed{s}"), load(f"onpolicy-seed{s}"), load(f"seeded-seed{s}")
-    table.append({
-        "seed": s,
-        "warm_pass_at_1": warm["pass_at_1"],
-        "onpolicy_pass_at_1": on["pass_at_1"],
-        "seeded_pass_at_1": sd["pass_at_1"],
-        "diff_pass_at_1": sd["pass_at_1"] - on["pass_at_1"],
-        "warm_pass_at_8": warm["pass_at_8"],
-        "onpolicy_pass_at_8": on["pass_at_8"],
-        "seeded_pass_at_8": sd["pass_at_8"],
-        "diff_pass_at_8": sd["pass_at_8"] - on["pass_at_8"],
-        "onpolicy_train_wall_s": on["train_wall_s"],
-        "seeded_train_wall_s": sd["train_wall_s"],
-        "steps": on["steps"],
-        **{f"seeded_{k}": v for k, v in seeding_metrics(f"seeded-seed{s}").items()},
-    })
+    table.append(
+        {
+            "seed": s,
+            "warm_pass_at_1": warm["pass_at_1"],
+            "onpolicy_pass_at_1": on["pass_at_1"],
+            "seeded_pass_at_1": sd["pass_at_1"],
+            "diff_pass_at_1": sd["pass_at_1"] - on["pass_at_1"],
+            "warm_pass_at_8": warm["pass_at_8"],
+            "onpolicy_pass_at_8": on["pass_at_8"],
+            "seeded_pass_at_8": sd["pass_at_8"],
+            "diff_pass_at_8": sd["pass_at_8"] - on["pass_at_8"],
+            "onpolicy_train_wall_s": on["train_wall_s"],
+            "seeded_train_wall_s": sd["train_wall_s"],
+            "steps": on["steps"],
+            **{f"seeded_{k}": v for k, v in seeding_metrics(f"seeded-seed{s}").items()},
+        }
+    )
 with open(here / "summary.csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=list(table[0]))
     writer.writeheader()
@@ -68,13 +79,21 @@ if traces.exists():
     summary["traces"] = json.loads(traces.read_text())
 (here / "summary.json").write_text(json.dumps(summary, indent=1))
 
-print("| RNG seed | warm pass@1 | on-policy pass@1 | seeded pass@1 | difference | on-policy pass@8 | seeded pass@8 | difference |")
+print(
+    "| RNG seed | warm pass@1 | on-policy pass@1 | seeded pass@1 | difference | on-policy pass@8 | seeded pass@8 | difference |"
+)
 print("|---|---|---|---|---|---|---|---|")
 for r in table:
-    print(f"| {r['seed']} | {r['warm_pass_at_1']:.3f} | {r['onpolicy_pass_at_1']:.3f} | {r['seeded_pass_at_1']:.3f} | "
-          f"{r['diff_pass_at_1']:+.3f} | {r['onpolicy_pass_at_8']:.3f} | {r['seeded_pass_at_8']:.3f} | {r['diff_pass_at_8']:+.3f} |")
+    print(
+        f"| {r['seed']} | {r['warm_pass_at_1']:.3f} | {r['onpolicy_pass_at_1']:.3f} | {r['seeded_pass_at_1']:.3f} | "
+        f"{r['diff_pass_at_1']:+.3f} | {r['onpolicy_pass_at_8']:.3f} | {r['seeded_pass_at_8']:.3f} | {r['diff_pass_at_8']:+.3f} |"
+    )
 for kind in ("pass_at_1", "pass_at_8"):
     t = summary[f"paired_t_{kind}"]
-    print(f"{kind}: mean diff {t['mean']:+.4f}, 95% paired t [{t['low']:+.4f}, {t['high']:+.4f}], p {t['p_value']:.3f}, "
-          f"sd {t['sd']:.4f}, n {t['n']}, MDE {t['mde']:.4f}")
-print(json.dumps({k: v for k, v in summary.items() if k not in ("per_seed",) and not k.startswith("paired")}, indent=1))
+    print(
+        f"{kind}: mean diff {t['mean']:+.4f}, 95% paired t [{t['low']:+.4f}, {t['high']:+.4f}], p {t['p_value']:.3f}, "
+        f"sd {t['sd']:.4f}, n {t['n']}, MDE {t['mde']:.4f}"
+    )
+print(
+    json.dumps({k: v for k, v in summary.items() if k not in ("per_seed",) and not k.startswith("paired")}, indent=1)
+)

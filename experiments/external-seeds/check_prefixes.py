@@ -2,12 +2,14 @@
 
 Checks every seeded row of the seeded runs: its first prefix_len tokens decode to the start of the trace it names
 (seed_origin trace-<row>) and end at a text boundary (whitespace). Prints counts per run."""
+
 import json
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from ts_trl.embedded.chain import chain_reward
+from ts_trl.embedded.tasks import task_spec
 from ts_trl.tiny import load_tokenizer
 
 here = Path(__file__).resolve().parent
@@ -26,11 +28,16 @@ for run in sorted((here / "runs").glob("seeded-seed*")):
         trace = traces[int(origin.split("-")[1])]
         prefix = tokenizer.decode(r["completion_ids"][: r["prefix_len"]])
         ok += trace["completion"].startswith(prefix) and trace["prompt"] == r["prompt"]
-        nxt = trace["completion"][len(prefix): len(prefix) + 1]
+        nxt = trace["completion"][len(prefix) : len(prefix) + 1]
         boundary += prefix[-1:].isspace() or nxt.isspace() or nxt == ""
-    out[run.name] = {"rows": len(rows), "seeded_rows": len(seeded), "from_traces": external,
-                     "prefix_is_trace_text": ok, "prefix_ends_at_boundary": boundary,
-                     "mean_prefix_tokens": sum(r["prefix_len"] for r in seeded) / max(len(seeded), 1)}
+    out[run.name] = {
+        "rows": len(rows),
+        "seeded_rows": len(seeded),
+        "from_traces": external,
+        "prefix_is_trace_text": ok,
+        "prefix_ends_at_boundary": boundary,
+        "mean_prefix_tokens": sum(r["prefix_len"] for r in seeded) / max(len(seeded), 1),
+    }
 prefixes = []
 for run in sorted((here / "runs").glob("seeded-seed*")):
     for shard in sorted((run / "seeds").glob("step-*.parquet")):
@@ -43,13 +50,20 @@ out["prefixes_all_runs"] = {
     "share_leading_space_only": sum(p == " " for p in prefixes) / n,
     "share_within_first_line": sum(p.rstrip("\n").count("\n") == 0 for p in prefixes) / n,
 }
-from ts_trl.embedded.chain import chain_reward
-from ts_trl.embedded.tasks import task_spec
 
-answers = {json.loads(line)["prompt"]: json.loads(line)["answer"] for line in (here / "train.jsonl").read_text().splitlines()}
-kept = [t for t in traces if task_spec("chain").reward(completions=[t["completion"]], answer=[answers[t["prompt"]]])[0] >= 1]
-strict = chain_reward(prompts=[t["prompt"] for t in kept], completions=[t["completion"] for t in kept],
-                      answer=[answers[t["prompt"]] for t in kept])
+answers = {
+    json.loads(line)["prompt"]: json.loads(line)["answer"] for line in (here / "train.jsonl").read_text().splitlines()
+}
+kept = [
+    t
+    for t in traces
+    if task_spec("chain").reward(completions=[t["completion"]], answer=[answers[t["prompt"]]])[0] >= 1
+]
+strict = chain_reward(
+    prompts=[t["prompt"] for t in kept],
+    completions=[t["completion"] for t in kept],
+    answer=[answers[t["prompt"]] for t in kept],
+)
 out["kept_traces"] = {"right_total": len(kept), "whole_chain_right": sum(s >= 1 for s in strict)}
 print(json.dumps(out, indent=1))
 (here / "prefix_check.json").write_text(json.dumps(out, indent=1))

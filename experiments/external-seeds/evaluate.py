@@ -5,16 +5,17 @@
 Sampling seed 1000 + RNG_SEED, batch 256: at a given RNG seed both arms (and the warm model) see the same sampling
 noise (common random numbers), as `ts_trl compare` does. No prefix: every sample starts from the prompt alone.
 """
+
 import json
 import sys
 import time
 
 from datasets import load_dataset
+from transformers import AutoModelForCausalLM
 
 from ts_trl.embedded.evaluate import pass_at_k, sample_rewards
 from ts_trl.embedded.tasks import task_spec
 from ts_trl.tiny import load_tokenizer
-from transformers import AutoModelForCausalLM
 
 model_dir, heldout_path, rng_seed, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 started = time.time()

@@ -1,5 +1,6 @@
 """Writes the shared starting point of every run: the chain task's warm model (task seed 0, warm-up seed 0, 700 steps,
 as `ts_trl compare --task chain` builds it) and its training (192) and held-out (256) prompts as .jsonl."""
+
 import sys
 from pathlib import Path
 
