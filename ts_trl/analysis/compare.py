@@ -247,10 +247,21 @@ def _output_path(job: dict) -> Path:
     return Path(job["out"]) / "runs" / name / "output.json"
 
 
-def _comparable(settings: dict) -> dict:
-    """The settings a saved run must share to be reused: all but where and how many at a time, and the seed count."""
+# Settings that play no part in a job of this kind (the warm start, or a method): on-policy GRPO never plans a seed,
+# replay puts whole rollouts back. A saved run that differs from the job only in them is the same run.
+INERT_SETTINGS = {
+    "start": ("seed_fraction", "cut_ratio_min", "cut_ratio_max"),
+    "none": ("seed_fraction", "cut_ratio_min", "cut_ratio_max"),
+    "replay": ("cut_ratio_min", "cut_ratio_max"),
+}
+
+
+def _comparable(settings: dict, job: dict) -> dict:
+    """The settings a saved run must share to be reused: all but where and how many at a time, the seed count and
+    those that play no part in the job (`INERT_SETTINGS`)."""
+    ignored = {"jobs", "output_dir", "num_seeds", *INERT_SETTINGS.get(job["method"] or job["kind"], ())}
     budget = {k: v for k, v in settings["budget"].items() if k != "num_seeds"}
-    return {**{k: v for k, v in settings.items() if k not in ("jobs", "output_dir", "num_seeds")}, "budget": budget}
+    return {**{k: v for k, v in settings.items() if k not in ignored}, "budget": budget}
 
 
 def _saved_output(job: dict) -> dict | None:
@@ -258,7 +269,7 @@ def _saved_output(job: dict) -> dict | None:
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
-    return saved["output"] if _comparable(saved["settings"]) == _comparable(job["settings"]) else None
+    return saved["output"] if _comparable(saved["settings"], job) == _comparable(job["settings"], job) else None
 
 
 def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float, partial: bool):
