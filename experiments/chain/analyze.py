@@ -2,6 +2,13 @@
 
     python experiments/chain/analyze.py calibration experiments/chain/cal-3e-4 experiments/chain/cal-1e-3 ...
     python experiments/chain/analyze.py main experiments/chain/main
+    python experiments/chain/analyze.py explore FOLDER [FOLDER ...]
+
+`explore` reads the exploratory arms of docs/target-cuts.md (`seeds-state-target`, `seeds-state-rescue`) beside the
+main run's `none` and `seeds-state` from several `compare` folders (a run found in two folders is the same run, copied),
+keeps the RNG seeds whose four arms all finished and reports the mechanism (seeded minus plain all-equal share), the
+comparisons with `none` as `compare` assesses them (pass@1 at equal steps, then its secondaries Holm-corrected within
+each arm) and the comparisons with `seeds-state` (pass@1 and pass@8 at equal steps, Holm over those four).
 
 `calibration` applies the on-policy pass rule to each grid point; `main` keeps the RNG seeds whose four arms all
 finished and reports the three claims: the primary endpoint with Holm's correction over the claims, and the four
@@ -17,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ts_trl.analysis.compare import all_differences, read_csv
+from ts_trl.analysis.compare import ZERO_STD_GAP, all_differences, paired_differences, read_csv
 from ts_trl.analysis.stats import holm
 
 ARMS = ("none", "seeds-state", "seeds-action", "replay")
@@ -121,6 +128,71 @@ def main_run(folder: str) -> None:
             )
 
 
+EXTENSIONS = ("seeds-state-target", "seeds-state-rescue")
+EXPLORED = ("none", "seeds-state", *EXTENSIONS)
+
+
+def _ci(d: dict) -> str:
+    return f"{d['difference']:+.3f} [{d['t_low']:+.3f}, {d['t_high']:+.3f}]"
+
+
+def explore(folders: list[str]) -> None:
+    results, prompts = {}, {}
+    for folder in map(Path, folders):
+        for r in read_csv(folder / "compare.csv"):
+            results[(r["method"], r["seed"])] = r
+        for r in read_csv(folder / "prompts.csv"):
+            prompts[(r["method"], r["seed"], r["step"], r["prompt"])] = r
+    seeds = sorted({int(s) for _, s in results})
+    complete = [s for s in seeds if all((m, str(s)) in results for m in EXPLORED)]
+    print(f"Complete seeds: {complete}; left out: {sorted(set(seeds) - set(complete)) or 'none'}\n")
+    results = [r for (m, s), r in results.items() if m in EXPLORED and int(s) in complete]
+    prompts = [r for (m, s, _, _), r in prompts.items() if m in EXPLORED and int(s) in complete]
+
+    print("| arm | pass@1 (mean ± sd) | pass@8 | all-equal share, seeded | all-equal share, plain | recovery rate | "
+          "generated tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for arm in EXPLORED:
+        runs = [r for r in results if r["method"] == arm]
+
+        def mean(key, runs=runs):
+            values = [float(r[key]) for r in runs if r.get(key) not in (None, "") and not math.isnan(float(r[key]))]
+            return f"{np.mean(values):.3f}" if values else "–"
+
+        p1 = np.array([float(r["pass_at_1"]) for r in runs])
+        print(f"| {arm} | {p1.mean():.3f} ± {p1.std(ddof=1):.3f} | {mean('pass_at_8')} | "
+              f"{mean('zero_std_share_seeded')} | {mean('zero_std_share_plain')} | {mean('recovery_rate')} | "
+              f"{float(np.mean([float(r['generated_tokens']) for r in runs])):,.0f} |")  # fmt: skip
+
+    against_none = [d for d in all_differences(prompts, results, ("coverage", "recovery_rate"))
+                    if d["method"] in ("seeds-state", *EXTENSIONS) and d["baseline"] in ("none", "its plain groups")]  # fmt: skip
+    print("\nMechanism: seeded minus plain all-equal share within each run, paired t over seeds (it holds if <= 0); "
+          "Holm p within the arm's family of secondaries.\n")  # fmt: skip
+    print("| arm | seeded - plain | p | Holm p | holds |")
+    print("|---|---|---|---|---|")
+    for d in (d for d in against_none if d["endpoint"] == ZERO_STD_GAP):
+        print(f"| {d['method']} | {_ci(d)} | {d['p_value']:.3f} | {d['p_holm']:.3f} | "
+              f"{'yes' if d['difference'] <= 0 else 'no'} |")  # fmt: skip
+    print("\nAgainst on-policy GRPO (`none`): pass@1 at equal steps (paired t, its own test), then the secondaries with "
+          "Holm within each arm.\n")  # fmt: skip
+    print("| arm | endpoint | difference [95% paired t] | p | Holm p | bootstrap 95% | MDE |")
+    print("|---|---|---|---|---|---|---|")
+    for d in (d for d in against_none if d["endpoint"] != ZERO_STD_GAP):
+        holm_p = "–" if d["role"] == "primary" else f"{d['p_holm']:.3f}"
+        boot = f"[{d['boot_low']:+.3f}, {d['boot_high']:+.3f}]" if "boot_low" in d else "–"
+        print(f"| {d['method']} | {d['endpoint']} | {_ci(d)} | {d['p_value']:.3f} | {holm_p} | {boot} | "
+              f"{d['mde']:.3f} |")  # fmt: skip
+    against_method = [
+        d for d in paired_differences(prompts, baseline="seeds-state", methods=list(EXTENSIONS))
+        if d["endpoint"].endswith("at equal steps")
+    ]  # fmt: skip
+    print("\nAgainst the method (`seeds-state`): pass@1 and pass@8 at equal steps, paired t, Holm over these four.\n")
+    print("| arm | endpoint | difference [95% paired t] | p | Holm p | MDE |")
+    print("|---|---|---|---|---|---|")
+    for d, p_holm in zip(against_method, holm([d["p_value"] for d in against_method])):
+        print(f"| {d['method']} | {d['endpoint']} | {_ci(d)} | {d['p_value']:.3f} | {p_holm:.3f} | {d['mde']:.3f} |")
+
+
 if __name__ == "__main__":
     command, *folders = sys.argv[1:]
-    calibration(folders) if command == "calibration" else main_run(folders[0])
+    {"calibration": calibration, "main": lambda f: main_run(f[0]), "explore": explore}[command](folders)
