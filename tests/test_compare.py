@@ -1,6 +1,7 @@
 """Issue 6: the replay baseline and pass-rate seed selection through `trainer.train()`, and the analysis commands."""
 
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -538,6 +539,10 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
         assert compare._saved_output(jobs[None]) is not None and compare._saved_output(jobs["none"]) is not None
         assert compare._saved_output(jobs["seeds-state"]) is None, changed
     assert compare._saved_output({**jobs["none"], "settings": {**settings, "learning_rate": 1.0}}) is None
+    # Runs pair only when they start from the same warm model, named by its weights' SHA-256: one trained elsewhere,
+    # from a warm-up that came out different, is not reused.
+    assert settings["warm_model"] == hashlib.sha256((out / "warm" / "model.safetensors").read_bytes()).hexdigest()
+    assert compare._saved_output({**jobs["none"], "settings": {**settings, "warm_model": "0" * 64}}) is None
 
 
 def test_compare_rejects_bad_budget(capsys):

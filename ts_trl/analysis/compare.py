@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import hashlib
 import json
 import math
 import sys
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     settings = {
         "budget": asdict(budget),
         "precision": PRECISION,
+        # The warm start, by content: the cached warm-up is not bit-identical across machines (other CPUs, other
+        # kernels), and a run trained from another warm model pairs with nothing here.
+        "warm_model": _fingerprint(out / "warm"),
         **{k: v for k, v in vars(args).items() if k != "methods"},
     }
     # Seed-major order, so that the runs finished at any moment are complete pairs; each job's output is saved as it
@@ -240,6 +244,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(table)
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return results
+
+
+def _fingerprint(folder: Path) -> str:
+    """SHA-256 of a saved model's weights file (safetensors writes the same bytes for the same tensors)."""
+    digest = hashlib.sha256()
+    with open(folder / "model.safetensors", "rb") as weights:
+        for block in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _output_path(job: dict) -> Path:
