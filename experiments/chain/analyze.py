@@ -63,6 +63,29 @@ def calibration(folders: list[str]) -> None:
         )
 
 
+def _mean(runs: list[dict], key: str) -> float:
+    values = [float(r[key]) for r in runs if r.get(key) not in (None, "")]
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def arm_table(results: list[dict], arms: tuple[str, ...]) -> None:
+    """Per arm, means over its RNG seeds of `compare.csv`'s columns."""
+    print("| arm | pass@1 (mean ± sd) | gain over start | pass@8 | coverage | recovery rate | error share | "
+          "repair share | all-equal seeded / plain | generated tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for arm in arms:
+        runs = [r for r in results if r["method"] == arm]
+        p1 = np.array([float(r["pass_at_1"]) for r in runs])
+        print(
+            f"| {arm} | {p1.mean():.3f} ± {p1.std(ddof=1):.3f} | "
+            f"{_mean(runs, 'pass_at_1') - _mean(runs, 'pass_at_1_start'):+.3f} | {_mean(runs, 'pass_at_8'):.3f} | "
+            f"{_mean(runs, 'coverage'):.3f} | {_mean(runs, 'recovery_rate'):.3f} | {_mean(runs, 'error_share'):.3f} | "
+            f"{_mean(runs, 'repair_share'):.3f} | {_mean(runs, 'zero_std_share_seeded'):.3f} / "
+            f"{_mean(runs, 'zero_std_share_plain'):.3f} | {_mean(runs, 'generated_tokens'):,.0f} |"
+        )
+
+
 def main_run(folder: str) -> None:
     folder = Path(folder)
     results = read_csv(folder / "compare.csv")
@@ -80,24 +103,7 @@ def main_run(folder: str) -> None:
             d for d in differences if (d["method"], d["baseline"], d["endpoint"]) == (method, against, endpoint)
         )
 
-    print("| arm | pass@1 (mean ± sd) | gain over start | pass@8 | coverage | recovery rate | error share | "
-          "repair share | all-equal seeded / plain | generated tokens |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for arm in ARMS:
-        runs = [r for r in results if r["method"] == arm]
-
-        def mean(key, runs=runs):
-            values = [float(r[key]) for r in runs if r.get(key) not in (None, "")]
-            values = [v for v in values if not math.isnan(v)]
-            return float(np.mean(values)) if values else math.nan
-
-        p1 = np.array([float(r["pass_at_1"]) for r in runs])
-        print(
-            f"| {arm} | {p1.mean():.3f} ± {p1.std(ddof=1):.3f} | {mean('pass_at_1') - mean('pass_at_1_start'):+.3f} | "
-            f"{mean('pass_at_8'):.3f} | {mean('coverage'):.3f} | {mean('recovery_rate'):.3f} | "
-            f"{mean('error_share'):.3f} | {mean('repair_share'):.3f} | {mean('zero_std_share_seeded'):.3f} / "
-            f"{mean('zero_std_share_plain'):.3f} | {mean('generated_tokens'):,.0f} |"
-        )
+    arm_table(results, ARMS)
 
     primaries = [row(m, a, PRIMARY) for m, a, _ in CLAIMS]
     adjusted = holm([p["p_value"] for p in primaries])
@@ -149,20 +155,7 @@ def explore(folders: list[str]) -> None:
     results = [r for (m, s), r in results.items() if m in EXPLORED and int(s) in complete]
     prompts = [r for (m, s, _, _), r in prompts.items() if m in EXPLORED and int(s) in complete]
 
-    print("| arm | pass@1 (mean ± sd) | pass@8 | all-equal share, seeded | all-equal share, plain | recovery rate | "
-          "generated tokens |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for arm in EXPLORED:
-        runs = [r for r in results if r["method"] == arm]
-
-        def mean(key, runs=runs):
-            values = [float(r[key]) for r in runs if r.get(key) not in (None, "") and not math.isnan(float(r[key]))]
-            return f"{np.mean(values):.3f}" if values else "–"
-
-        p1 = np.array([float(r["pass_at_1"]) for r in runs])
-        print(f"| {arm} | {p1.mean():.3f} ± {p1.std(ddof=1):.3f} | {mean('pass_at_8')} | "
-              f"{mean('zero_std_share_seeded')} | {mean('zero_std_share_plain')} | {mean('recovery_rate')} | "
-              f"{float(np.mean([float(r['generated_tokens']) for r in runs])):,.0f} |")  # fmt: skip
+    arm_table(results, EXPLORED)
 
     against_none = [d for d in all_differences(prompts, results, ("coverage", "recovery_rate"))
                     if d["method"] in ("seeds-state", *EXTENSIONS) and d["baseline"] in ("none", "its plain groups")]  # fmt: skip
