@@ -1,7 +1,7 @@
 """The pre-registered analysis of the chain-task comparison (docs/prereg-chain.md), from `ts_trl compare`'s CSVs.
 
     python experiments/chain/analyze.py calibration experiments/chain/cal-3e-4 experiments/chain/cal-1e-3 ...
-    python experiments/chain/analyze.py main experiments/chain/main
+    python experiments/chain/analyze.py main experiments/chain/main [--complete-seeds]
     python experiments/chain/analyze.py explore FOLDER [FOLDER ...]
 
 `explore` reads the exploratory arms of docs/target-cuts.md (`seeds-state-target`, `seeds-state-rescue`) beside the
@@ -76,6 +76,8 @@ def arm_table(results: list[dict], arms: tuple[str, ...]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for arm in arms:
         runs = [r for r in results if r["method"] == arm]
+        if not runs:
+            continue
         p1 = np.array([float(r["pass_at_1"]) for r in runs])
         print(
             f"| {arm} | {p1.mean():.3f} ± {p1.std(ddof=1):.3f} | "
@@ -86,16 +88,21 @@ def arm_table(results: list[dict], arms: tuple[str, ...]) -> None:
         )
 
 
-def main_run(folder: str) -> None:
+def main_run(folder: str, complete_seeds: bool = False) -> None:
+    """The three claims, each over the RNG seeds at which both of its arms finished (`replay` runs as a second stage
+    and may have fewer); with `complete_seeds`, only over seeds at which all four arms finished."""
     folder = Path(folder)
     results = read_csv(folder / "compare.csv")
     prompts = read_csv(folder / "prompts.csv")
     seeds = sorted({int(r["seed"]) for r in results})
-    complete = [s for s in seeds if all(any(r["method"] == m and int(r["seed"]) == s for r in results) for m in ARMS)]
-    cut = sorted({(r["method"], int(r["seed"])) for r in results if int(r["seed"]) not in complete})
-    print(f"Complete seeds: {complete}; runs left out (their seed is incomplete): {cut or 'none'}\n")
-    results = [r for r in results if int(r["seed"]) in complete]
-    prompts = [r for r in prompts if int(r["seed"]) in complete]
+    runs = {m: sorted(int(r["seed"]) for r in results if r["method"] == m) for m in ARMS}
+    print(f"RNG seeds per arm: {runs}")
+    if complete_seeds:
+        complete = [s for s in seeds if all(s in runs[m] for m in ARMS)]
+        print(f"Only the seeds at which all four arms finished: {complete}")
+        results = [r for r in results if int(r["seed"]) in complete]
+        prompts = [r for r in prompts if int(r["seed"]) in complete]
+    print()
     differences = all_differences(prompts, results, ("coverage", "recovery_rate"))
 
     def row(method, against, endpoint):
@@ -105,26 +112,27 @@ def main_run(folder: str) -> None:
 
     arm_table(results, ARMS)
 
-    primaries = [row(m, a, PRIMARY) for m, a, _ in CLAIMS]
+    claims = [c for c in CLAIMS if runs[c[0]] and runs[c[1]]]  # a claim whose arm has no run is not tested
+    primaries = [row(m, a, PRIMARY) for m, a, _ in claims]
     adjusted = holm([p["p_value"] for p in primaries])
     print("\nPrimary: pass@1 difference at equal steps, paired t over per-seed means (df = seeds - 1), Holm over the "
           "three claims; bootstrap (seeds x prompts) as sensitivity.\n")  # fmt: skip
-    print("| claim | difference | 95% paired t CI | p | Holm p | bootstrap 95% CI | MDE | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
-    for (method, against, claim), p, p_holm in zip(CLAIMS, primaries, adjusted):
+    print("| claim | seeds | difference | 95% paired t CI | p | Holm p | bootstrap 95% CI | MDE | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (method, against, claim), p, p_holm in zip(claims, primaries, adjusted):
         if p_holm < 0.05:
             verdict = "supported" if p["difference"] > 0 else "contradicted"
         else:
             verdict = "not shown"
         print(
-            f"| {claim} ({method} − {against}) | {p['difference']:+.3f} | [{p['t_low']:+.3f}, {p['t_high']:+.3f}] | "
+            f"| {claim} ({method} − {against}) | {p['seeds']} | {p['difference']:+.3f} | [{p['t_low']:+.3f}, {p['t_high']:+.3f}] | "
             f"{p['p_value']:.3f} | {p_holm:.3f} | [{p['boot_low']:+.3f}, {p['boot_high']:+.3f}] | {p['mde']:.3f} | "
             f"{verdict} |"
         )
     print("\nSecondary endpoints, Holm over the four within each claim.\n")
     print("| claim | endpoint | difference | 95% paired t CI | p | Holm p | MDE |")
     print("|---|---|---|---|---|---|---|")
-    for method, against, claim in CLAIMS:
+    for method, against, claim in claims:
         rows = [row(method, against, endpoint) for endpoint in SECONDARY]
         for d, p_holm in zip(rows, holm([d["p_value"] for d in rows])):
             star = " *" if p_holm < 0.05 else ""
@@ -188,4 +196,7 @@ def explore(folders: list[str]) -> None:
 
 if __name__ == "__main__":
     command, *folders = sys.argv[1:]
-    {"calibration": calibration, "main": lambda f: main_run(f[0]), "explore": explore}[command](folders)
+    if command == "main":
+        main_run(folders[0], complete_seeds="--complete-seeds" in folders)
+    else:
+        {"calibration": calibration, "explore": explore}[command](folders)
