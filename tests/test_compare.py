@@ -1,6 +1,7 @@
 """Issue 6: the replay baseline and pass-rate seed selection through `trainer.train()`, and the analysis commands."""
 
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -529,6 +530,19 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     before = (out / "compare.csv").read_text()
     monkeypatch.setattr(compare, "_train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
     assert main(argv) == 0 and (out / "compare.csv").read_text() == before
+    # A cut range or seed fraction plays no part in the warm start or in on-policy GRPO: their saved runs are reused
+    # under other values (a later comparison of other arms shares them), a seeded run's are not.
+    settings = json.loads((out / "runs" / "none-seed0" / "output.json").read_text())["settings"]
+    for changed in ({"cut_ratio_max": 0.5}, {"cut_ratio_min": 0.05}, {"seed_fraction": 0.25}):
+        jobs = {m: {"kind": k, "seed": 0, "method": m, "settings": {**settings, **changed}, "out": str(out)}
+                for k, m in (("start", None), ("train", "none"), ("train", "seeds-state"))}  # fmt: skip
+        assert compare._saved_output(jobs[None]) is not None and compare._saved_output(jobs["none"]) is not None
+        assert compare._saved_output(jobs["seeds-state"]) is None, changed
+    assert compare._saved_output({**jobs["none"], "settings": {**settings, "learning_rate": 1.0}}) is None
+    # Runs pair only when they start from the same warm model, named by its weights' SHA-256: one trained elsewhere,
+    # from a warm-up that came out different, is not reused.
+    assert settings["warm_model"] == hashlib.sha256((out / "warm" / "model.safetensors").read_bytes()).hexdigest()
+    assert compare._saved_output({**jobs["none"], "settings": {**settings, "warm_model": "0" * 64}}) is None
 
 
 def test_compare_rejects_bad_budget(capsys):
@@ -598,3 +612,26 @@ def test_every_compare_method_is_a_valid_seed_config(method, tmp_path):
     )
     for key, value in METHODS[method].items():
         assert getattr(config, key) == value
+
+
+def test_saved_runs_are_reused_across_settings_that_play_no_part_in_them(tmp_path):
+    """A seed fraction or cut range changes no on-policy run and no warm start; a cut range changes no replay run."""
+    from ts_trl.analysis import compare
+
+    settings = {"budget": {"steps": 4, "num_seeds": 2}, "learning_rate": 1e-4, "seed_fraction": 0.5,
+                "cut_ratio_min": 0.1, "cut_ratio_max": 0.3, "jobs": 2, "output_dir": "a", "num_seeds": 2}  # fmt: skip
+    kinds = {None: "start", "none": "train", "replay": "train", "seeds-state": "train", "seeds-action": "train"}
+    for method, kind in kinds.items():
+        job = {"kind": kind, "seed": 0, "method": method, "out": str(tmp_path)}
+        compare._output_path(job).parent.mkdir(parents=True)
+        compare._output_path(job).write_text(json.dumps({"settings": settings, "output": {"method": method}}))
+
+    def reused(**changed):
+        jobs = [{"kind": k, "seed": 0, "method": m, "settings": {**settings, **changed}, "out": str(tmp_path)}
+                for m, k in kinds.items()]  # fmt: skip
+        return {job["method"] for job in jobs if compare._saved_output(job) is not None}
+
+    assert reused(jobs=1, output_dir="b", num_seeds=5) == set(kinds)
+    assert reused(cut_ratio_max=0.9) == reused(cut_ratio_min=0.2) == {None, "none", "replay"}
+    assert reused(seed_fraction=0.25) == {None, "none"}
+    assert reused(learning_rate=2e-4) == set()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import hashlib
 import json
 import math
 import sys
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     settings = {
         "budget": asdict(budget),
         "precision": PRECISION,
+        # The warm start, by content: the cached warm-up is not bit-identical across machines (other CPUs, other
+        # kernels), and a run trained from another warm model pairs with nothing here.
+        "warm_model": _fingerprint(out / "warm"),
         **{k: v for k, v in vars(args).items() if k != "methods"},
     }
     # Seed-major order, so that the runs finished at any moment are complete pairs; each job's output is saved as it
@@ -242,15 +246,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return results
 
 
+def _fingerprint(folder: Path) -> str:
+    """SHA-256 of a saved model's weights file (safetensors writes the same bytes for the same tensors)."""
+    digest = hashlib.sha256()
+    with open(folder / "model.safetensors", "rb") as weights:
+        for block in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _output_path(job: dict) -> Path:
     name = f"start-seed{job['seed']}" if job["kind"] == "start" else f"{job['method']}-seed{job['seed']}"
     return Path(job["out"]) / "runs" / name / "output.json"
 
 
-def _comparable(settings: dict) -> dict:
-    """The settings a saved run must share to be reused: all but where and how many at a time, and the seed count."""
+# Settings that play no part in a job of this kind (the warm start, or a method): on-policy GRPO never plans a seed,
+# replay puts whole rollouts back. A saved run that differs from the job only in them is the same run.
+INERT_SETTINGS = {
+    "start": ("seed_fraction", "cut_ratio_min", "cut_ratio_max"),
+    "none": ("seed_fraction", "cut_ratio_min", "cut_ratio_max"),
+    "replay": ("cut_ratio_min", "cut_ratio_max"),
+}
+
+
+def _comparable(settings: dict, job: dict) -> dict:
+    """The settings a saved run must share to be reused: all but where and how many at a time, the seed count and
+    those that play no part in the job (`INERT_SETTINGS`)."""
+    ignored = {"jobs", "output_dir", "num_seeds", *INERT_SETTINGS.get(job["method"] or job["kind"], ())}
     budget = {k: v for k, v in settings["budget"].items() if k != "num_seeds"}
-    return {**{k: v for k, v in settings.items() if k not in ("jobs", "output_dir", "num_seeds")}, "budget": budget}
+    return {**{k: v for k, v in settings.items() if k not in ignored}, "budget": budget}
 
 
 def _saved_output(job: dict) -> dict | None:
@@ -258,7 +282,7 @@ def _saved_output(job: dict) -> dict | None:
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
-    return saved["output"] if _comparable(saved["settings"]) == _comparable(job["settings"]) else None
+    return saved["output"] if _comparable(saved["settings"], job) == _comparable(job["settings"], job) else None
 
 
 def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float, partial: bool):
