@@ -47,7 +47,7 @@ def _timed(function, *args):
 
 def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
     """The `size` synthetic rollouts of checkpoint `index` (deterministic, so they can be made again for the shard)."""
-    from ts_trl.seed_data import Rollout
+    from ts_trl.store.format import Rollout
 
     rng = np.random.default_rng(index)
     ids = rng.integers(4, VOCAB, size=(size, tokens), dtype=np.int32)
@@ -72,8 +72,8 @@ def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
 
 def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> dict:
     """Fills a bank of `size` rollouts, then samples from it and writes its snapshots; one process per size."""
-    from ts_trl.bank import SeedBank
-    from ts_trl.seed_data import (
+    from ts_trl.store.bank import SeedBank
+    from ts_trl.store.format import (
         SeedManifest,
         bank_file_name,
         rollouts_to_table,
@@ -156,7 +156,7 @@ def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> 
 
 
 def _manifest(shard_dir: Path):
-    from ts_trl.seed_data import SeedManifest
+    from ts_trl.store.format import SeedManifest
 
     return SeedManifest.load(shard_dir)
 
@@ -167,9 +167,9 @@ def resume(shard_dir: Path) -> dict:
 
     Also times the fallback for shards without a bank file: the bank columns read from the Parquet shards.
     """
-    from ts_trl.bank import SeedBank
-    from ts_trl.seed_data import BANK_COLUMNS, read_bank_table, read_table, verify_shards
-    from ts_trl.snapshots import fill_bank
+    from ts_trl.store.bank import SeedBank
+    from ts_trl.store.format import BANK_COLUMNS, read_bank_table, read_table, verify_shards
+    from ts_trl.store.seed_store import fill_bank
 
     manifest = _manifest(shard_dir)
     problems, verify_wall, verify_cpu = _timed(verify_shards, manifest, manifest.shards)
@@ -200,9 +200,9 @@ def _memory() -> dict:
 
 def rank(shard_dir: Path, rank_id: int, ranks: int) -> dict:
     """One rank of a node resuming the bank: memory before and after, every token read once, all ranks alive."""
-    from ts_trl.bank import SeedBank
-    from ts_trl.seed_data import read_bank_table
-    from ts_trl.snapshots import fill_bank
+    from ts_trl.store.bank import SeedBank
+    from ts_trl.store.format import read_bank_table
+    from ts_trl.store.seed_store import fill_bank
 
     manifest = _manifest(shard_dir)
     first = read_bank_table(manifest, manifest.shards[:1], problems={})

@@ -39,9 +39,9 @@ def main():
     from transformers import TrainerCallback
 
     transformers.logging.set_verbosity_error()
-    from ts_trl.config import SeedGRPOConfig
     from ts_trl.embedded import EmbeddedTask, build_warm_model, embedded_reward, sample_rewards
-    from ts_trl.trainer import SeedGRPOTrainer
+    from ts_trl.trainer.seed_grpo_config import SeedGRPOConfig
+    from ts_trl.trainer.seed_grpo_trainer import SeedGRPOTrainer
 
     task = EmbeddedTask(difficulty=a.difficulty, min_difficulty=a.min_difficulty, max_operand=a.max_operand, seed=0)
     train, held = task.make_splits(a.n_train, a.n_eval)

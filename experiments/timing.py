@@ -17,10 +17,10 @@ def main():
 
     transformers.logging.set_verbosity_error()
     from ts_trl.analysis.compare import DIFFICULTY, FULL, LEARNING_RATE, MIN_DIFFICULTY
-    from ts_trl.config import SeedGRPOConfig
     from ts_trl.embedded import EmbeddedTask, build_warm_model, embedded_reward, sample_rewards
     from ts_trl.embedded.warmup import _batch
-    from ts_trl.trainer import SeedGRPOTrainer
+    from ts_trl.trainer.seed_grpo_config import SeedGRPOConfig
+    from ts_trl.trainer.seed_grpo_trainer import SeedGRPOTrainer
 
     task = EmbeddedTask(difficulty=DIFFICULTY, min_difficulty=MIN_DIFFICULTY)
     train, held = task.make_splits(FULL.n_train, FULL.n_eval)

@@ -338,7 +338,7 @@ def test_chat_prompts_without_a_chat_template_fail_in_one_line(tokenizer):
 
 def test_relay_cuts_snap_to_line_ends_as_the_trainer_cuts(tokenizer):
     from ts_trl.analysis.relay import relay_cut
-    from ts_trl.cutting import boundary_token_ids
+    from ts_trl.method.cutting import boundary_token_ids
 
     text = tokenizer("1+2=3\n3+4=7\n#### 7")["input_ids"]  # line ends after positions 5 and 11
     boundaries = boundary_token_ids(tokenizer)

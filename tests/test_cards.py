@@ -169,7 +169,7 @@ def test_push_to_hub_without_network_fails_in_one_line(no_network, cache, tmp_pa
 
 def test_a_failed_final_push_keeps_the_model_and_says_so(hub, make_trainer, tmp_path, monkeypatch):  # noqa: F811
     """The Hub answers when the run starts and is gone when the model is pushed: one line that says where it is."""
-    from ts_trl.hub import HubUnreachableError
+    from ts_trl.store.hub import HubUnreachableError
 
     _point_the_hub_client_at(hub.endpoint, monkeypatch)
     trainer = make_trainer(output_dir=str(tmp_path / "run"), push_to_hub=True, hub_model_id="org/model", max_steps=1)

@@ -277,7 +277,7 @@ def test_compare_asks_for_what_the_chain_task_has_no_default_for(capsys):
 
 def test_task_chain_brings_its_own_defaults(tmp_path, monkeypatch):
     """`--task chain` changes the embedded default's budget, warm-up and folder; the addition's stay as they were."""
-    from ts_trl.script import make_parser, parse_args
+    from ts_trl.cli.arguments import make_parser, parse_args
 
     monkeypatch.chdir(tmp_path)
     script_args, training_args, _ = parse_args(make_parser(), ["--task", "chain"])

@@ -3,7 +3,7 @@
 The last collectives of training (the final snapshot's object gather, then a barrier) leave gloo's worker thread
 freeing the gather's tensors, which needs the GIL. A rank that left `train()` at once could reach interpreter
 finalization first; the worker then dies taking the GIL inside a C++ destructor ("terminate called without an active
-exception", SIGABRT), unless `ts_trl.collectives.pause_backend_threads_at_exit` gives it the GIL first. Scripts that
+exception", SIGABRT), unless `ts_trl.trainer.collectives.pause_backend_threads_at_exit` gives it the GIL first. Scripts that
 end with `trainer.end()` (`ts_trl train` does) destroy the process group first, but DDP keeps gloo's threads alive,
 so the pause must not depend on the group. The race cannot be forced: CI runs one complete 2-rank run that ends with
 `trainer.end()`; the repeats that detect a rare abort are marked slow (`pytest -m slow`).

@@ -25,9 +25,10 @@ from transformers import AutoModelForCausalLM
 from tests.conftest import EMBEDDED_TINY, seed_manifest, seed_rows
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
-from ts_trl.data import load_training_data
+from ts_trl.cli.arguments import EMBEDDED_DEFAULTS, make_parser, parse_args
+from ts_trl.cli.data import load_training_data
+from ts_trl.cli.environment import ConfigError
 from ts_trl.rewards import get_reward_funcs
-from ts_trl.script import EMBEDDED_DEFAULTS, ConfigError, make_parser, parse_args
 from ts_trl.tiny import build_tiny_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,7 +239,7 @@ def test_quantization_flags_are_refused_for_the_embedded_model(tmp_path, monkeyp
 def test_a_dataset_without_an_answer_column_says_so_plainly():
     from datasets import Dataset
 
-    from ts_trl.data import to_prompt_dataset
+    from ts_trl.cli.data import to_prompt_dataset
 
     with pytest.raises(ValueError, match=r"The dataset has no answer column \(one of answer, "):
         to_prompt_dataset(Dataset.from_list([{"question": "1+1="}]))
@@ -505,7 +506,7 @@ def test_ctrl_c_exits_130_and_its_resume_command_ends_with_the_uninterrupted_ban
 
 def test_a_checkpoint_whose_shards_were_set_aside_stops_with_one_line(tiny_dir, tmp_path, monkeypatch, capsys):
     """Resuming from a checkpoint whose seeds another run moved to seeds/superseded/: one line, nothing touched."""
-    from ts_trl.seed_data import SeedManifest
+    from ts_trl.store.format import SeedManifest
 
     output_dir = tmp_path / "run"
     (output_dir / "checkpoint-2").mkdir(parents=True)

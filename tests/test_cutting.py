@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ts_trl import Cut, SeedSplicer
-from ts_trl.cutting import (
+from ts_trl.method.cutting import (
     admissible_ratios,
     boundary_token_ids,
     choose_cut,

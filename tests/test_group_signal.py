@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import count_reward, logged
-from ts_trl.group_signal import zero_std_shares
+from ts_trl.method.group_signal import zero_std_shares
 
 NAN = float("nan")
 

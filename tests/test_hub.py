@@ -12,8 +12,8 @@ import pytest
 from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
-from ts_trl.cards import render_dataset_card, render_model_card, template_path
-from ts_trl.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
+from ts_trl.store.cards import render_dataset_card, render_model_card, template_path
+from ts_trl.store.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
 
 REPO_ID = "org/seeds"
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"

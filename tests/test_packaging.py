@@ -1,7 +1,10 @@
 """pyproject lists its packages explicitly (for the model_cards mapping): every subpackage must be in that list."""
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,8 +71,8 @@ def test_ci_installs_the_wheel_and_trains_from_an_empty_folder():
 
 
 def test_recipes_and_accelerate_configs_ship_with_the_package():
+    from ts_trl.cli.arguments import resolve_recipe
     from ts_trl.resources import packaged_file
-    from ts_trl.script import resolve_recipe
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     for kind in ("recipes", "accelerate_configs"):
@@ -101,3 +104,30 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     warnings = [line for line in result.stderr.splitlines() if "Warning" in line or "warnings.warn" in line]
     assert warnings == [], warnings
     assert "Setting accelerator to CPU" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("python_flags", [[], ["-W", "error"]])
+def test_importing_the_library_leaves_other_libraries_warnings_and_logging_alone(python_flags):
+    """`import ts_trl` (and the trainer it exports) changes no warning filter and no logger of another library."""
+    code = """
+import logging, warnings
+import accelerate, datasets, transformers, trl
+from trl import GRPOTrainer  # what the trainer imports, first: their own filters (requests, sympy) are not ours
+
+def state():
+    loggers = {name: (list(logger.filters), logger.level) for name, logger in logging.root.manager.loggerDict.items()
+               if isinstance(logger, logging.Logger) and not name.startswith("ts_trl")}
+    return list(warnings.filters), loggers, list(logging.root.handlers)
+
+before = state()
+import ts_trl
+ts_trl.SeedGRPOTrainer, ts_trl.SeedGRPOConfig, ts_trl.SeedBank
+after = state()
+assert before[0] == after[0], "warning filters changed"
+changed = {name for name in after[1] if before[1].get(name, ([], logging.NOTSET)) != after[1][name]}
+assert not changed, f"loggers changed: {changed}"
+assert before[2] == after[2], "root handlers changed"
+print("unchanged")
+"""
+    result = subprocess.run([sys.executable, *python_flags, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "unchanged" in result.stdout, result.stderr[-2000:]

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ts_trl.bank import SeedBank
-from ts_trl.planning import PASS_RATE_DECAY, CutOutcomes, GroupPlanner, monotone_fit
-from ts_trl.seed_data import Rollout
+from ts_trl.method.planning import PASS_RATE_DECAY, CutOutcomes, GroupPlanner, monotone_fit
+from ts_trl.store.bank import SeedBank
+from ts_trl.store.format import Rollout
 
 EOS = 1
 G = 4

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ts_trl.prefix_forcing import ForcedPrefix, strip_forced
+from ts_trl.trainer.prefix_forcing import ForcedPrefix, strip_forced
 
 
 def test_forced_rows_emit_their_tokens_then_sample_freely():

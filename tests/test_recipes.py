@@ -8,10 +8,10 @@ import pytest
 import yaml
 from datasets import load_dataset
 
-from ts_trl.data import to_prompt_dataset
+from ts_trl.cli.arguments import make_parser, parse_args
+from ts_trl.cli.data import to_prompt_dataset
 from ts_trl.rewards import get_reward_funcs
-from ts_trl.schedule import schedule_of
-from ts_trl.script import make_parser, parse_args
+from ts_trl.trainer.schedule import schedule_of
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -11,8 +11,8 @@ from accelerate import Accelerator
 
 from tests.conftest import TARGET_CUTS, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.seed_data import Rollout
-from ts_trl.snapshots import PendingRollout, SeedStore
+from ts_trl.store.format import Rollout
+from ts_trl.store.seed_store import PendingRollout, SeedStore
 
 
 def _seeded_share(trainer) -> float:

@@ -8,8 +8,8 @@ from datasets import Dataset
 
 from tests.conftest import TINY_SETTINGS, count_reward, logged, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.schedule import schedule_of
 from ts_trl.tiny import build_tiny_model
+from ts_trl.trainer.schedule import schedule_of
 
 SHARE = "seeds/eligible_group_share"
 
@@ -19,7 +19,9 @@ def _first_eligible_step(trainer) -> int | None:
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "ts_trl.schedule" and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "ts_trl.trainer.schedule" and r.levelno == logging.WARNING
+    ]
 
 
 @pytest.mark.parametrize(
@@ -43,7 +45,7 @@ def _warnings(caplog) -> list[str]:
 def test_predicted_first_seeded_step_is_where_training_first_finds_a_seed(make_trainer, settings, caplog):
     trainer = make_trainer(**settings)
     schedule = schedule_of(trainer.args, len(trainer.train_dataset), trainer.accelerator.num_processes)
-    with caplog.at_level(logging.WARNING, logger="ts_trl.schedule"):
+    with caplog.at_level(logging.WARNING, logger="ts_trl.trainer.schedule"):
         trainer.train()
     assert _first_eligible_step(trainer) == schedule.first_seeded_step
     assert max(logged(trainer, "seeds/seeded_group_share")) > 0
@@ -61,14 +63,14 @@ def test_a_run_whose_epochs_cannot_seed_is_refused_before_training(make_trainer)
 
 @pytest.mark.parametrize("plain", [dict(seed_method="none"), dict(seed_fraction=0.0)])
 def test_plain_grpo_is_never_refused_or_warned_about(make_trainer, plain, caplog):
-    with caplog.at_level(logging.WARNING, logger="ts_trl.schedule"):
+    with caplog.at_level(logging.WARNING, logger="ts_trl.trainer.schedule"):
         make_trainer(max_steps=-1, num_train_epochs=1, **plain)
         make_trainer(max_steps=2, **plain)
     assert _warnings(caplog) == []
 
 
 def test_late_or_missing_seeding_is_warned_about_with_its_numbers(make_trainer, caplog):
-    with caplog.at_level(logging.WARNING, logger="ts_trl.schedule"):
+    with caplog.at_level(logging.WARNING, logger="ts_trl.trainer.schedule"):
         make_trainer(max_steps=6)  # 8 prompts at 2 a step: seeding starts at step 5 of 6
         late = _warnings(caplog)
         caplog.clear()
@@ -88,7 +90,7 @@ def test_a_zero_eligible_share_well_after_it_could_rise_is_warned_about_once(mak
     trainer = make_trainer(max_steps=14, save_steps=1, max_completion_length=1)
     expected_by = schedule_of(trainer.args, len(trainer.train_dataset), 1).expected_by_step
     assert expected_by is not None and expected_by < 14
-    with caplog.at_level(logging.WARNING, logger="ts_trl.schedule"):
+    with caplog.at_level(logging.WARNING, logger="ts_trl.trainer.schedule"):
         trainer.train()
     assert max(logged(trainer, SHARE)) == 0
     warned = [m for m in _warnings(caplog) if "is still 0" in m]

@@ -9,8 +9,8 @@ from pyarrow import csv
 
 from tests.conftest import build_word_tokenizer, logged, seed_by_id, seed_manifest, seed_rows
 from ts_trl.embedded import EmbeddedTask, embedded_reward
-from ts_trl.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
-from ts_trl.seed_data import tokenizer_fingerprint
+from ts_trl.store.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
+from ts_trl.store.format import tokenizer_fingerprint
 from ts_trl.tiny import build_tokenizer
 
 REPO_ID = "org/seeds"
@@ -168,7 +168,7 @@ def test_seeds_from_a_jsonl_of_traces(make_trainer, tmp_path, seed_filter, monke
     assert external["kind"] == "traces" and external["rows"] == len(lines) and external["matched"] == matched
     assert external["kept"] == (len(right) if seed_filter else matched) and external.get("filter") == seed_filter
     if seed_filter:  # a resume reads the scored seeds back from the cache: nothing is scored again
-        monkeypatch.setattr("ts_trl.external_seeds.success_scores", lambda *a, **k: pytest.fail("scored again"))
+        monkeypatch.setattr("ts_trl.store.external_seeds.success_scores", lambda *a, **k: pytest.fail("scored again"))
         again = make_trainer(**{**settings, "max_steps": 3})
         assert (tmp_path / "run" / CACHE_DIR / "seeds.parquet").is_file()
         assert again.seed_bank.rollout_ids[: len(right)] == trainer.seed_bank.rollout_ids[: len(right)]
@@ -230,7 +230,7 @@ def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
 
 def test_character_seeds_in_a_word_level_run_are_cut_where_its_tokens_agree(make_trainer, tmp_path):
     """The other direction, without a Hub: the character run's seeds, matched by prompt_id, in a BPE run."""
-    from ts_trl.seed_data import Rollout, rollouts_to_table, write_shard
+    from ts_trl.store.format import Rollout, rollouts_to_table, write_shard
 
     char, word = build_tokenizer(), build_word_tokenizer()
     dataset = EmbeddedTask().make_splits(4, 1)[0]

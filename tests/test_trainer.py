@@ -12,8 +12,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.conftest import seed_by_id, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.seed_data import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
-from ts_trl.snapshots import PendingRollout
+from ts_trl.store.format import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.store.seed_store import PendingRollout
 
 
 def _losses(trainer):
@@ -291,7 +291,7 @@ def test_crash_mid_write_leaves_previous_snapshot(make_trainer, monkeypatch):
         Path(where).write_bytes(b"PAR1 torn")
         raise KeyboardInterrupt("simulated crash while writing a shard")
 
-    monkeypatch.setattr("ts_trl.seed_data.pq.write_table", crash)
+    monkeypatch.setattr("ts_trl.store.format.pq.write_table", crash)
     trainer.seed_store.pending = [
         PendingRollout(Rollout("x", "p", "prompt", "c", [5, 6], (), 0.0, step=6), np.zeros(0))
     ]
@@ -310,7 +310,7 @@ def test_seeding_from_another_runs_seed_dataset(make_trainer, tokenizer, tmp_pat
     external = []
     for i in range(4):
         prompt = f"Q: {i}+{i + 1}="
-        from ts_trl.data import prompt_id_of
+        from ts_trl.store.format import prompt_id_of
 
         prompt_ids[prompt] = prompt_id_of(prompt)
         ids = tokenizer(f"{2 * i + 1}")["input_ids"] + [eos, 30, 31]  # an EOS mid-way bounds the cut

@@ -8,8 +8,7 @@ from datasets import Dataset
 
 from tests.conftest import TINY_SETTINGS, count_reward, logged, recomputed_logprobs, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.data import prompt_id_of
-from ts_trl.seed_data import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.store.format import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint, write_shard
 from ts_trl.tiny import build_tiny_model
 
 

@@ -6,9 +6,9 @@ import inspect
 import pytest
 from trl import GRPOTrainer
 
-from ts_trl.backends import SeededBackend
-from ts_trl.seed_metrics import LENGTH_METRICS
-from ts_trl.trl_internals import TRL_HOOKS, TRL_INTERNALS
+from ts_trl.trainer.backends import SeededBackend
+from ts_trl.trainer.seed_metrics import LENGTH_METRICS
+from ts_trl.trainer.trl_internals import TRL_HOOKS, TRL_INTERNALS
 
 # The parameters each hook had in the TRL release this package was written against (see pyproject's trl range).
 EXPECTED = {

@@ -47,8 +47,7 @@ def _stand_in_generation(self, prompt_ids, images, multimodal_fields, num_genera
 
 
 def _external_seeds(folder: Path, tokenizer) -> Path:
-    from ts_trl.data import prompt_id_of
-    from ts_trl.seed_data import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
+    from ts_trl.store.format import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint, write_shard
 
     rng = np.random.default_rng(0)
     rollouts = []

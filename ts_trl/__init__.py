@@ -2,25 +2,21 @@
 
 from importlib import import_module
 
-from .notices import quiet_dependencies
-
 __version__ = "0.1.0"
 
 # Imported lazily: `import ts_trl` stays cheap for the CLI and for reward workers that never touch torch.
 _EXPORTS = {
-    "SeedGRPOConfig": "ts_trl.config",
-    "SeedGRPOTrainer": "ts_trl.trainer",
-    "SeedBank": "ts_trl.bank",
-    "Seed": "ts_trl.bank",
-    "Rollout": "ts_trl.bank",
-    "SeedSplicer": "ts_trl.cutting",
-    "Cut": "ts_trl.cutting",
-    "SeedSnapshotCallback": "ts_trl.snapshots",
+    "SeedGRPOConfig": "ts_trl.trainer.seed_grpo_config",
+    "SeedGRPOTrainer": "ts_trl.trainer.seed_grpo_trainer",
+    "SeedBank": "ts_trl.store.bank",
+    "Seed": "ts_trl.store.bank",
+    "Rollout": "ts_trl.store.bank",
+    "SeedSplicer": "ts_trl.method.cutting",
+    "Cut": "ts_trl.method.cutting",
+    "SeedSnapshotCallback": "ts_trl.store.seed_store",
 }
 
 __all__ = list(_EXPORTS)
-
-quiet_dependencies()  # before torch, TRL or DeepSpeed is imported through the package
 
 
 def __getattr__(name):

@@ -10,7 +10,8 @@ import argparse
 import sys
 from importlib import import_module
 
-from .flags import HELP_FLAGS, cached_help, wants_help
+from .cli.flags import HELP_FLAGS, cached_help, wants_help
+from .trainer.notices import quiet_dependencies
 
 # Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
 ANALYSES = {
@@ -38,6 +39,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command named by `argv[0]` with the rest of `argv`; returns its exit status."""
+    quiet_dependencies()  # a command may (a library may not): before TRL or DeepSpeed is imported
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         parser = make_parser()
@@ -52,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         if wants_help(argv[1:]) and "--config" not in argv and (text := cached_help(prog)) is not None:
             print(text, end="")  # what `ts_trl train --help` printed last time, without importing TRL
             return 0
-        from .script import run
+        from .cli.train import run  # lazy: start-up time (`ts_trl <command> --help` without TRL)
 
         return run(argv[1:], prog=prog)
-    from .analysis.common import run_command
+    from .analysis.common import run_command  # lazy: start-up time, as above
 
     module = ANALYSES[argv[0]][0]
     if argv[0] == "compare":
-        from .analysis.compare import wants_recipe
+        from .analysis.compare import wants_recipe  # lazy: start-up time, as above
 
         if wants_recipe(argv[1:]):
             module = "ts_trl.analysis.recipe_compare"  # the arms on a recipe's model, data and rewards

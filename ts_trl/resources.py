@@ -6,6 +6,7 @@ In a wheel they are the package data `ts_trl.model_cards`, `ts_trl.recipes` and 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 KINDS = ("model_cards", "recipes", "accelerate_configs")
@@ -29,3 +30,8 @@ def packaged_file(kind: str, name: str) -> Path | None:
     if folder is None or not (folder / name).is_file():
         return None
     return folder / name
+
+
+def cache_root() -> Path:
+    """Where ts_trl caches what it can rebuild: `$TS_TRL_CACHE`, else `~/.cache/ts_trl`."""
+    return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl"))

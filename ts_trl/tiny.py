@@ -12,6 +12,7 @@ and newlines there.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -20,8 +21,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+import torch
+from accelerate import PartialState
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -67,7 +71,6 @@ def load_tokenizer(path) -> PreTrainedTokenizerFast:
     The tokenizer built here survives that, but folders saved with the earlier character-level vocabulary (spelled
     `" "` and `"\\n"` rather than `Ġ` and `Ċ`) would silently lose their spaces and newlines through it.
     """
-    from transformers import AutoTokenizer
 
     config = Path(path) / "tokenizer_config.json"
     if config.exists() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
@@ -84,7 +87,6 @@ def build_tiny_model(
     seed: int = 0,
 ) -> Qwen2ForCausalLM:
     """Returns a randomly initialised Qwen2 causal LM sized for `tokenizer` (about 0.1M parameters by default)."""
-    import torch
 
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -104,7 +106,7 @@ def build_tiny_model(
         model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    # What cards and seed datasets call it: it has no Hub id or path (see `ts_trl.cards.model_name_of`).
+    # What cards and seed datasets call it: it has no Hub id or path (see `ts_trl.store.cards.model_name_of`).
     model.ts_trl_description = describe_tiny_model(model, "built in memory")
     return model
 
@@ -121,9 +123,6 @@ def save_model_from_this_rank(model, folder) -> None:
     its own complete copy here: the warm-up cache that the first rank to finish renames into place, and the folder a
     KL reference model is loaded from.
     """
-    import copy
-
-    from safetensors.torch import save_file
 
     config = copy.copy(model.config)
     config.architectures = [type(model).__name__]  # what loaders (TRL's reference model) read to pick the class
@@ -156,7 +155,6 @@ def save_base_for_adapter(model, tokenizer, output_dir, peft_config) -> Path | N
         or hasattr(model, "peft_config")
     ):
         return None
-    from accelerate import PartialState
 
     folder = (Path(output_dir) / BASE_MODEL_DIR).resolve()
     state = PartialState()
@@ -185,7 +183,6 @@ def build_word_tokenizer(corpus: Sequence[str], vocab_size: int = 400) -> PreTra
     It splits text into words, numbers and merged pieces, unlike `build_tokenizer`'s one token per character: the
     "other model family" of the tests of text seeds across tokenizers. Same special tokens and chat template.
     """
-    from tokenizers import trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

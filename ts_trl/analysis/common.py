@@ -11,6 +11,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import transformers
+from peft import PeftModel
+from tqdm.auto import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from ..embedded.tasks import make_task
+from ..store.format import SAMPLING_METADATA_KEY, SEEDS_DIR, SeedManifest, prompt_id_of
+from ..tiny import load_tokenizer
+
 
 class InputError(ValueError):
     """Bad command-line input: reported as one line, without a traceback."""
@@ -29,7 +48,6 @@ def run_command(main: Callable[[list[str] | None], object], argv: list[str] | No
 def quiet_libraries() -> None:
     """Keeps the commands' own progress bars and tables readable (no per-step logs from transformers)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # weight-loading bars; the commands draw their own
@@ -37,9 +55,6 @@ def quiet_libraries() -> None:
 
 def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
     """Loads a causal LM and its tokenizer from a local folder, or fails with one line saying what is missing."""
-    from transformers import AutoModelForCausalLM
-
-    from ..tiny import load_tokenizer
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
@@ -58,8 +73,6 @@ def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
 
 def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
     """A `--use_peft` checkpoint holds only the adapter: load its base model, apply the adapter and merge it."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     base = adapter.get("base_model_name_or_path")
     if not base:
@@ -80,7 +93,7 @@ def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
 
 def save_figure(fig, path, dpi: int = 120, **layout) -> None:
     """Lays out, writes and closes a matplotlib figure (`layout`: arguments of `tight_layout`)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     fig.tight_layout(**layout)
     fig.savefig(path, dpi=dpi)
@@ -108,11 +121,8 @@ def load_prompts(source: str, limit: int | None = None, task_seed: int = 0, task
 
     A `prompt_id` column is kept when present, else the prompt's stable hash is used.
     """
-    from ..data import prompt_id_of
 
     if source == "embedded" or source.startswith("embedded:"):
-        from ..embedded.tasks import make_task
-
         difficulty = int(source.split(":", 1)[1]) if ":" in source else 2
         try:
             built = make_task(task, seed=task_seed, difficulty=difficulty, min_difficulty=None)
@@ -126,8 +136,6 @@ def load_prompts(source: str, limit: int | None = None, task_seed: int = 0, task
         if path.suffix == ".jsonl":
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         elif path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
             rows = pq.read_table(path).to_pylist()
         else:
             raise InputError(f"prompt set {source!r} must be a .jsonl or .parquet file, or 'embedded'.")
@@ -204,9 +212,6 @@ class Sampling:
 
 def read_sampling(shards: Sequence[str | os.PathLike]) -> Sampling | None:
     """The sampling settings recorded in seed shards (None when none records them); shards must agree."""
-    import pyarrow.parquet as pq
-
-    from ..seed_data import SAMPLING_METADATA_KEY
 
     found = {}
     for shard in shards:
@@ -226,7 +231,6 @@ def read_sampling(shards: Sequence[str | os.PathLike]) -> Sampling | None:
 
 def run_seed_shards(checkpoint: str | os.PathLike) -> list[Path]:
     """The seed shards of the run a checkpoint belongs to (`<run>/seeds/`, beside `<run>/checkpoint-N`); [] if none."""
-    from ..seed_data import SEEDS_DIR, SeedManifest
 
     folder = Path(checkpoint).expanduser()
     for seeds_dir in (folder / SEEDS_DIR, folder.parent / SEEDS_DIR):
@@ -258,8 +262,6 @@ def sample_continuations(
     fix, by inverting the cumulative distribution. The same context, stream and offset then give the same tokens under
     the same model, in any batch or call, and the same stream under two models gives them the same random numbers.
     """
-    import torch
-    from tqdm.auto import tqdm
 
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -323,8 +325,6 @@ def token_logprobs(
     the temperature, and, where the sampler's own log-probs were stored, after its top-k / top-p / min-p truncation.
     Scoring a T != 1 run at temperature 1 would show a divergence where there is none.
     """
-    import torch
-    from tqdm.auto import tqdm
 
     warpers = _truncation(sampling) if sampling.logprobs == "sampler" and sampling.truncates else None
     temperature = sampling.temperature if sampling.temperature > 0 else 1.0
@@ -352,7 +352,6 @@ def token_logprobs(
 
 def stream_uniforms(rng_seed: int, stream: int, positions: int):
     """The uniform numbers of one common-random-numbers stream, one per response position (see sample_continuations)."""
-    import numpy as np
 
     return np.random.default_rng([rng_seed, stream]).random(positions)
 
@@ -366,15 +365,12 @@ class InverseCdfSampling:
     """
 
     def __init__(self, uniforms: Sequence, offsets: Sequence[int], prompt_width: int):
-        import numpy as np
-        import torch
 
         self.uniforms = torch.as_tensor(np.stack(uniforms))
         self.offsets = torch.as_tensor(list(offsets))
         self.prompt_width = prompt_width
 
     def __call__(self, input_ids, scores):
-        import torch
 
         rows = torch.arange(scores.shape[0])
         u = self.uniforms[rows, self.offsets + input_ids.shape[1] - self.prompt_width].to(torch.float64)
@@ -390,13 +386,6 @@ def _truncation(sampling: Sampling, temperature: bool = False):
 
     With `temperature`, the temperature warper comes first, as `generate` orders them when it samples.
     """
-    from transformers import (
-        LogitsProcessorList,
-        MinPLogitsWarper,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
 
     warpers = LogitsProcessorList()
     if temperature and sampling.temperature != 1.0:
@@ -438,7 +427,6 @@ def prefix_overlap(logp_current, logp_behaviour):
     still reaches. It falls as p moves away from q's states and is 1 when p = q, whatever the prefix length (a mean
     per-token log-prob threshold does neither). One definition, used by `positions` and by `compare`.
     """
-    import numpy as np
 
     log_ratio = np.asarray(logp_current, dtype=np.float64) - np.asarray(logp_behaviour, dtype=np.float64)
     # NaN: q unknown, left out. -inf: p cannot produce the prefix at all (top-k cut it off), which counts as 0.
@@ -456,7 +444,6 @@ def paired_bootstrap(
     `differences` holds one list per cluster: the samples of one prompt share its difficulty, so they are resampled
     together rather than treated as independent. Returns (mean, low, high); NaNs when there is no pair.
     """
-    import numpy as np
 
     clusters = [np.asarray(d, dtype=np.float64) for d in differences if len(d)]
     if not clusters:

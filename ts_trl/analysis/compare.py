@@ -29,16 +29,40 @@ import csv
 import hashlib
 import json
 import math
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
 
-from ..flags import accept_both_spellings
-from .common import InputError, output_dir, quiet_libraries, run_command, save_figure, write_csv
+from ..cli.flags import accept_both_spellings
+from ..embedded.chain import read_trace, trace_rates
+from ..embedded.cpu import torch_threads
+from ..embedded.evaluate import pass_at_k, sample_rewards
+from ..embedded.tasks import CHAIN_TASKS, build_task_model, make_task, task_spec
+from ..tiny import load_tokenizer
+from ..trainer.seed_grpo_config import SeedGRPOConfig
+from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
+from .common import (
+    InputError,
+    output_dir,
+    prefix_overlap,
+    quiet_libraries,
+    run_command,
+    sample_continuations,
+    save_figure,
+    token_logprobs,
+    write_csv,
+)
 from .stats import ALPHA, POWER, holm, paired_t
 
 METHODS = {
@@ -204,9 +228,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.methods = [BASELINE] + [m for m in dict.fromkeys(args.methods) if m != BASELINE]
     budget = budget_from(args)
     quiet_libraries()
-    from tqdm.auto import tqdm
-
-    from ..embedded.tasks import build_task_model
 
     out = output_dir(args.output_dir)
     started = time.time()
@@ -319,7 +340,6 @@ def _report(outputs: list[dict], budget: Budget, args, out: Path, elapsed: float
 
 
 def _task(args):
-    from ..embedded.tasks import make_task
 
     return make_task(args.task, seed=0, difficulty=args.difficulty, min_difficulty=args.min_difficulty)
 
@@ -346,8 +366,6 @@ def _map(function, items, jobs):
     if jobs == 1:
         yield from map(function, items)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for future in as_completed([pool.submit(function, item) for item in items]):
@@ -359,8 +377,6 @@ def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> Non
 
     Stores each prefix with its log-probability under the warm model (q), so that a run scores only log p.
     """
-    from ..embedded.cpu import torch_threads
-    from .common import sample_continuations, token_logprobs
 
     contexts = [tokenizer(p)["input_ids"] for p in train_set["prompt"][: budget.n_probe]] * 2
     with torch_threads(1):
@@ -374,10 +390,6 @@ def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> Non
 
 def _run_job(job: dict) -> dict:
     """One worker job: the warm model's held-out scores at one RNG seed (`start`), or one training run (`train`)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from ..tiny import load_tokenizer
 
     torch.set_num_threads(1)  # the tiny model gains nothing from a second thread, and loses much on a busy machine
     quiet_libraries()
@@ -413,10 +425,6 @@ def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step
     On the chain tasks, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
     P(pass | a wrong line) (`ts_trl.embedded.chain.trace_rates`).
     """
-    from ..embedded.chain import read_trace, trace_rates
-    from ..embedded.evaluate import pass_at_k, sample_rewards
-    from ..embedded.tasks import CHAIN_TASKS, task_spec
-    from .common import prefix_overlap, token_logprobs
 
     read, traces, task_reward = [], task in CHAIN_TASKS, task_spec(task).reward
 
@@ -462,12 +470,6 @@ def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step
 
 def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, evaluate):
     """Trains one method at one RNG seed; returns its result row, its curve points and its per-prompt scores."""
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-
-    from ..config import SeedGRPOConfig
-    from ..embedded.tasks import task_spec
-    from ..trainer import SeedGRPOTrainer
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
     train_set, _ = _task(args).make_splits(budget.n_train, budget.n_eval)
@@ -895,7 +897,6 @@ def differences_tables(differences: list[dict]) -> list[str]:
 
 
 def _footer(args, total_s: float) -> str:
-    import os
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     return (
@@ -906,10 +907,10 @@ def _footer(args, total_s: float) -> str:
 
 def plot(curves: list[dict], path, budget: Budget, args) -> None:
     """Six panels against optimizer step: training reward, held-out pass@1 and pass@k, coverage, zero-std groups."""
-    import matplotlib
+    import matplotlib  # lazy: start-up time; a figure is drawn once, at the end
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     kinds = list(dict.fromkeys(c["kind"] for c in curves))
     k_kind = next((kind for kind in kinds if kind.startswith("pass_at_") and kind != "pass_at_1"), None)

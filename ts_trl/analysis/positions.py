@@ -26,9 +26,9 @@ import sys
 
 import numpy as np
 
-from ..flags import accept_both_spellings
-from ..seed_data import load_seed_table, resolve_seed_dataset, tokenizer_fingerprint
-from ..snapshots import checkpoint_step
+from ..cli.flags import accept_both_spellings
+from ..store.format import load_seed_table, resolve_seed_dataset, tokenizer_fingerprint
+from ..store.seed_store import checkpoint_step
 from .common import (
     InputError,
     Sampling,
@@ -257,10 +257,10 @@ def _divergence_table(header: str, rows: list[tuple[str, dict]]) -> str:
 
 
 def plot(summary: list[dict], path, args, num_rollouts: int, steps: list[int], sampling: Sampling) -> None:
-    import matplotlib
+    import matplotlib  # lazy: start-up time; a figure is drawn once, at the end
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     x = [(s["rel_start"] + s["rel_end"]) / 2 for s in summary]
     ends = [s["rel_end"] for s in summary]

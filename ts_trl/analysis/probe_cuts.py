@@ -1,7 +1,7 @@
 """Before seeding a task: how often a cut seed leaves its group all-equal (no signal), per cut ratio, on one model.
 
 For each training prompt the model samples `--seeds` whole solutions (the seeds) and a plain group of
-`--generations` solutions. Each seed is cut at every ratio r as the trainer cuts it (`ts_trl.cutting.choose_cut`: the
+`--generations` solutions. Each seed is cut at every ratio r as the trainer cuts it (`ts_trl.method.cutting.choose_cut`: the
 first floor(r * length) tokens, before EOS), and the model continues it `--generations` times; the reward sees the
 prefix and the continuation. Per r it reports the share of seeded groups whose rewards are all equal (split by
 whether the seed itself passed or failed), the pass rate of seeded samples, and the same for plain groups. An
@@ -16,8 +16,20 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import torch
 
-from .common import InputError, check_ratios, output_dir, quiet_libraries, run_command, write_csv
+from ..embedded.tasks import TASKS, build_task_model, make_task, task_spec
+from ..method.cutting import choose_cut
+from .common import (
+    InputError,
+    check_ratios,
+    load_checkpoint,
+    output_dir,
+    quiet_libraries,
+    run_command,
+    sample_continuations,
+    write_csv,
+)
 
 DEFAULT_RATIOS = (0.1, 0.3, 0.5, 0.7, 0.9)
 CANDIDATES = (0.9, 0.7, 0.5, 0.3)
@@ -45,7 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
-    from ..embedded.tasks import TASKS, make_task, task_spec
 
     if args.task not in TASKS:
         raise InputError(f"--task {args.task}: unknown built-in task; choose one of {', '.join(TASKS)}.")
@@ -56,19 +67,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.generations < 2:
         raise InputError("--generations must be at least 2: a group of one is always all-equal.")
     quiet_libraries()
-    import torch
 
     torch.set_num_threads(1)  # the tiny model gains nothing from a second thread on a busy machine
     spec = task_spec(args.task)
     task = make_task(args.task)
     budget = args.max_completion_length or spec.max_completion_length
     if args.checkpoint:
-        from .common import load_checkpoint
-
         model, tokenizer = load_checkpoint(args.checkpoint)
     else:
-        from ..embedded.tasks import build_task_model
-
         model, tokenizer = build_task_model(args.task, task, progress=False)
     model.eval()
     rows = task.make_splits(args.num_prompts, 1)[0].to_list()
@@ -87,9 +93,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget: int) -> list[dict]:
     """One record per group: kind (plain / seeded), ratio, the seed's own reward, passes and the group size."""
-    from ..cutting import choose_cut
-    from ..embedded.tasks import task_spec
-    from .common import sample_continuations
 
     reward = task_spec(args.task).reward
     eos = [tokenizer.eos_token_id]

@@ -16,15 +16,50 @@ numbers); a sample passes when the success reward (`success_reward`, by default 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import shutil
 import time
 from pathlib import Path
 
-from ..flags import accept_both_spellings
-from .common import InputError, output_dir, quiet_libraries
-from .compare import BASELINE, DEFAULT_METHODS, METHODS, PASS_K, SCALAR_ENDPOINTS, Budget, _report, training_log
+import torch
+import yaml
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from transformers import AutoModelForCausalLM
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..cli import train as training_script
+from ..cli.arguments import is_embedded_task, make_parser, parse_args, resolve_recipe
+from ..cli.data import load_training_data, prompt_rows, read_hub, read_local
+from ..cli.environment import ConfigError
+from ..cli.flags import accept_both_spellings
+from ..embedded.evaluate import pass_at_k
+from ..rewards import get_reward_funcs
+from ..tiny import load_tokenizer
+from .common import (
+    InputError,
+    Sampling,
+    load_checkpoint,
+    output_dir,
+    prefix_overlap,
+    prompt_token_ids,
+    quiet_libraries,
+    sample_continuations,
+    token_logprobs,
+)
+from .compare import (
+    BASELINE,
+    COVERAGE_CUT,
+    DEFAULT_METHODS,
+    METHODS,
+    PASS_K,
+    SCALAR_ENDPOINTS,
+    Budget,
+    _report,
+    training_log,
+)
 
 # Set per arm by the command: a recipe value or flag for them would be silently replaced, so they are refused.
 ARM_FLAGS = ("seed", "seed_method", "prefix_mode", "seed_selection", "output_dir", "resume_from_checkpoint")
@@ -75,7 +110,6 @@ def main(argv: list[str]) -> list[dict]:
     if given:
         raise InputError(f"--{', --'.join(given)}: set per arm by compare --config; leave it out.")
     quiet_libraries()
-    from accelerate import PartialState
 
     state = PartialState()
     out = output_dir(args.output_dir)
@@ -83,8 +117,6 @@ def main(argv: list[str]) -> list[dict]:
     script_args, training_args, model_args = _arm_args(args, passed_on, BASELINE, 0, out / "runs")
     _check_recipe(args, script_args, training_args)
     held_out = _held_out(args, script_args)
-    from ..data import load_training_data
-    from ..rewards import get_reward_funcs
 
     try:
         train_set, _ = load_training_data(script_args)
@@ -143,7 +175,6 @@ def main(argv: list[str]) -> list[dict]:
 
 def _arm_args(args, passed_on: list[str], method: str, seed: int, run_dir: Path, resume: str | None = None):
     """The parsed `ts_trl train` arguments of one arm: the recipe, the flags passed on, then the arm's own settings."""
-    from ..script import ConfigError, make_parser, parse_args
 
     arm = ["--output_dir", str(run_dir), "--seed", str(seed), "--logging_steps", "1", "--push_to_hub", "false"]
     arm += [item for key, value in METHODS[method].items() for item in (f"--{key}", str(value))]
@@ -156,7 +187,6 @@ def _arm_args(args, passed_on: list[str], method: str, seed: int, run_dir: Path,
 
 
 def _check_recipe(args, script_args, training_args) -> None:
-    from ..script import is_embedded_task
 
     if is_embedded_task(script_args):
         raise InputError(
@@ -174,9 +204,6 @@ def _check_recipe(args, script_args, training_args) -> None:
 
 def _claim_folder(out: Path, args, passed_on: list[str], state) -> None:
     """Records what this comparison is; refuses a folder that holds a comparison of another recipe or other flags."""
-    import yaml
-
-    from ..script import resolve_recipe
 
     settings = {
         "recipe": yaml.safe_load(resolve_recipe(args.config).read_text()),
@@ -201,10 +228,6 @@ def _claim_folder(out: Path, args, passed_on: list[str], state) -> None:
 def _run_arm(args, passed_on, method: str, seed: int, out: Path, scorer: Scorer, state) -> dict | None:
     """Trains one arm (resuming its last checkpoint if any), scores its checkpoints, saves its output; None if
     interrupted."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from ..script import INTERRUPTED_STATUS
-    from ..script import main as train
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
     last = get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
@@ -216,7 +239,8 @@ def _run_arm(args, passed_on, method: str, seed: int, out: Path, scorer: Scorer,
     state.wait_for_everyone()
     script_args, training_args, model_args = _arm_args(args, passed_on, method, seed, run_dir, last)
     started = time.time()
-    if train(script_args, training_args, model_args) == INTERRUPTED_STATUS:
+    # Through the module, so that the run is the script's `main` as it stands (tests watch it).
+    if training_script.main(script_args, training_args, model_args) == training_script.INTERRUPTED_STATUS:
         return None
     wall = time.time() - started
     _free_accelerator_memory()
@@ -271,9 +295,6 @@ def _save(out: Path, method: str, seed: int, output: dict, state) -> dict:
 
 
 def _free_accelerator_memory() -> None:
-    import gc
-
-    import torch
 
     gc.collect()
     if torch.cuda.is_available():
@@ -286,7 +307,6 @@ def _free_accelerator_memory() -> None:
 
 def _held_out(args, script_args):
     """The held-out prompts as `to_prompt_dataset` rows: `--eval_dataset`, else the recipe dataset's test split."""
-    from ..data import prompt_rows, read_hub, read_local
 
     source = args.eval_dataset
     try:
@@ -326,7 +346,6 @@ class Scorer:
     """
 
     def __init__(self, args, training_args, held_out, reward_funcs, state):
-        from .common import Sampling
 
         self.args, self.state, self.reward_funcs = args, state, reward_funcs
         self.rows = held_out.to_list()
@@ -347,10 +366,6 @@ class Scorer:
         self.probe = None
 
     def _load(self, source):
-        from transformers import AutoModelForCausalLM
-
-        from ..tiny import load_tokenizer
-        from .common import load_checkpoint
 
         if Path(source).expanduser().is_dir():
             model, tokenizer = load_checkpoint(source)
@@ -360,8 +375,6 @@ class Scorer:
 
     def write_probe(self, source, prompts, path: Path) -> None:
         """The start model's rollouts on training prompts, first halves kept, with their log-probs under it (q)."""
-        from .common import prompt_token_ids, sample_continuations, token_logprobs
-        from .compare import COVERAGE_CUT
 
         if self.state.is_main_process:
             model, tokenizer = self._load(source)
@@ -381,10 +394,6 @@ class Scorer:
 
     def evaluate(self, source, seed: int, step: int) -> dict:
         """Held-out pass@1 and pass@k per prompt, and coverage, of the model at `source` (folder or Hub id)."""
-        from accelerate.utils import gather_object
-
-        from ..embedded.evaluate import pass_at_k
-        from .common import prefix_overlap, prompt_token_ids, sample_continuations, token_logprobs
 
         model, tokenizer = self._load(source)
         samples = self.args.eval_samples

@@ -18,13 +18,18 @@ run's, as its seed shards record them. Run `ts_trl relay --help`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from collections import defaultdict
 
-from ..flags import accept_both_spellings
-from ..seed_data import tokenizer_fingerprint
+import pyarrow.parquet as pq
+
+from ..cli.flags import accept_both_spellings
+from ..method.cutting import boundary_token_ids, choose_cut
+from ..rewards import get_reward_funcs
+from ..store.format import prompt_id_of, tokenizer_fingerprint
 from .common import (
     InputError,
     Sampling,
@@ -153,7 +158,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def resolve_rewards(specs: list[str]) -> list[tuple[str, callable]]:
     """(name, function) for each spec, resolved as `train.py --reward_funcs` resolves them."""
-    from ..rewards import get_reward_funcs
 
     functions = []
     for spec in specs:
@@ -180,7 +184,6 @@ def success_index(specs: list[str], rewards: list[tuple[str, callable]], success
 
 def relay_sampling(recorded: Sampling | None, args) -> Sampling:
     """The run's sampling settings (or the fallback), with what the command line sets explicitly on top."""
-    import dataclasses
 
     base = recorded or FALLBACK_SAMPLING
     if recorded is None:
@@ -204,9 +207,6 @@ def warn_training_overlap(rows: list[dict], shards) -> None:
     """Warns when relay prompts were training prompts of the run (its seed shards hold every prompt it trained on)."""
     if not shards:
         return
-    import pyarrow.parquet as pq
-
-    from ..data import prompt_id_of
 
     trained = {
         prompt_id_of(as_chat(p)) for shard in shards for p in pq.read_table(shard, columns=["prompt"])[0].to_pylist()
@@ -234,8 +234,6 @@ def relay_samples(model_a, model_b, tokenizer, rows, ratios, args, sampling, rew
     )
     boundaries = None
     if sampling.cut_at_newline:
-        from ..cutting import boundary_token_ids
-
         boundaries = boundary_token_ids(tokenizer)
     relay_contexts, relay_budgets, relay_keys, relay_streams = [], [], [], []
     for index, (context, solution) in enumerate(zip(contexts, a_solutions)):
@@ -274,7 +272,6 @@ def relay_cut(text_ids, ratio: float, boundaries) -> int:
     k = math.floor(ratio * len(text_ids))
     if boundaries is None or ratio == 0 or len(text_ids) < 2:
         return k
-    from ..cutting import choose_cut
 
     return choose_cut(text_ids, ratio, (), len(text_ids) + 1, boundaries).k
 
@@ -396,10 +393,10 @@ def _ratio_table(summary: list[dict], header: str, conditions, number: str) -> s
 
 
 def plot(summary: list[dict], path, args) -> None:
-    import matplotlib
+    import matplotlib  # lazy: start-up time; a figure is drawn once, at the end
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     fig, (ax, diff_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     labels = {"b_from_a": "B continues from A's prefix", "a_alone": "A alone", "b_alone": "B alone"}

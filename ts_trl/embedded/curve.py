@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
-from ts_trl.collectives import is_deepspeed
 from ts_trl.embedded.evaluate import pass_at_1
 from ts_trl.embedded.task import embedded_reward
+from ts_trl.trainer.collectives import is_deepspeed
 
 CURVE_PNG, CURVE_CSV = "learning_curve.png", "learning_curve.csv"
 # The name under which the trackers see it: the `eval_` prefix files it under "eval/" in TensorBoard, W&B and trackio.
@@ -35,7 +35,6 @@ class LearningCurve(TrainerCallback):
         self.log = None
 
     def report_through(self, trainer) -> None:
-        from transformers import Trainer
 
         def log(logs: dict) -> None:
             # transformers' Trainer.log, not GRPOTrainer.log: that one would fold in (and clear) the training metrics
@@ -87,10 +86,10 @@ class LearningCurve(TrainerCallback):
 
 def write_curve(points: list[tuple[int, str, float]], output_dir: Path) -> Path:
     """Writes `learning_curve.csv` and `learning_curve.png` into `output_dir`; returns the PNG's path."""
-    import matplotlib
+    import matplotlib  # lazy: start-up time; a figure is drawn once, at the end
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     output_dir.mkdir(parents=True, exist_ok=True)
     with open(output_dir / CURVE_CSV, "w", newline="") as f:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ts_trl.embedded.chain import ChainTask, chain_reward
 from ts_trl.embedded.task import EmbeddedTask, embedded_reward
-from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS
+from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS, build_warm_model
 
 DEFAULT_TASK = "add"
 
@@ -24,7 +24,7 @@ class TaskSpec:
     model_kwargs: dict
     warmup_steps: int
     max_completion_length: int
-    # Training defaults of `ts_trl train --task NAME` on top of the embedded default's (ts_trl.script).
+    # Training defaults of `ts_trl train --task NAME` on top of the embedded default's (ts_trl.cli.train).
     train_defaults: dict = field(default_factory=dict)
     reward: Callable = embedded_reward
 
@@ -75,7 +75,6 @@ def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_
 
 def build_task_model(name: str, task=None, warmup_steps: int | None = None, **warm_up_kwargs):
     """The warm model and tokenizer of task `name` (warm-up cached), as `build_warm_model` builds the addition's."""
-    from ts_trl.embedded.warmup import build_warm_model
 
     spec = task_spec(name)
     steps = spec.warmup_steps if warmup_steps is None else warmup_steps

@@ -11,11 +11,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from ts_trl.embedded.cpu import torch_threads
 from ts_trl.embedded.task import EmbeddedTask
-from ts_trl.flags import cache_root
+from ts_trl.resources import cache_root
 from ts_trl.tiny import build_tiny_model, build_tokenizer, describe_tiny_model, save_model_from_this_rank
 
 DEFAULT_MODEL_KWARGS = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "max_positions": 256, "seed": 0}
@@ -145,7 +146,6 @@ def _weights_digest(model) -> str:
 def _load_weights(model, path: Path) -> None:
     """Loads the cached weights into `model` from the file itself, not through `from_pretrained`: under DeepSpeed
     ZeRO-3 (`zero3_init_flag`) that would build a partitioned copy whose state dict holds empty tensors."""
-    from safetensors.torch import load_file
 
     missing, unexpected = model.load_state_dict(load_file(path / WEIGHTS), strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # not saved: it is the embedding

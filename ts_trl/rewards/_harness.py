@@ -28,6 +28,7 @@
 
 import builtins
 import ctypes
+import fcntl
 import importlib
 import json
 import marshal
@@ -396,8 +397,6 @@ def _start_worker(config, home, requests, replies):
         _check(_libc.unshare(CLONE_NEWUSER), "unshare user namespace")
     _fresh_session_keyring()
     # Its descriptors: 0-2, and its two pipes at fixed numbers; everything else is closed before the exec.
-    import fcntl
-
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (requests, replies)]
     for fd, target in zip(high, (worker.REQUESTS, worker.REPLIES)):
         os.dup2(fd, target)

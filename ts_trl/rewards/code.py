@@ -95,7 +95,7 @@ def normalize_output(text: str) -> list[str]:
 def _score_stdio(program: str, cases: dict, binary: bool, limits, isolation) -> float | None:
     """Runs the program once per case, all cases within one `limits.timeout` budget: cases left when it is spent fail
     (so a program that sleeps just under the timeout in every case costs one timeout, not one per case)."""
-    from .sandbox import run_in_sandbox
+    from .sandbox import run_in_sandbox  # lazy: start-up time of reward workers that score math only
 
     inputs, outputs = cases.get("inputs") or [], cases.get("outputs") or []
     if not inputs or len(inputs) != len(outputs):
@@ -117,7 +117,7 @@ def _score_stdio(program: str, cases: dict, binary: bool, limits, isolation) -> 
 
 
 def _score_asserts(program: str, tests: str, entry_point, binary: bool, limits, isolation) -> float:
-    from .sandbox import run_in_sandbox
+    from .sandbox import run_in_sandbox  # lazy: start-up time of reward workers that score math only
 
     units = split_test_units(tests, entry_point)
     test_indices = {index for index, (_, is_test) in enumerate(units) if is_test}
@@ -155,7 +155,7 @@ def get_code_reward(
         return _score_asserts(program, cases, entry_point, mode == "binary", limits, isolation)
 
     def code_reward(completions, tests, entry_point=None, **kwargs) -> list[float | None]:
-        from .sandbox import Limits, detect_isolation
+        from .sandbox import Limits, detect_isolation  # lazy: as above
 
         limits = Limits(timeout=timeout, memory_mb=memory_mb, max_processes=max_processes)
         isolation = detect_isolation()

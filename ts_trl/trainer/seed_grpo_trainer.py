@@ -38,26 +38,28 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from .backends import SeededBackend, replaced
-from .cards import THINKING_SEEDS_CITATION, model_card_for
-from .checks import check_one_generation_fits, check_seedable_dataset, check_single_turn, check_success_reward
-from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
-from .config import SeedGRPOConfig
-from .cutting import SeedSplicer, boundary_token_ids
-from .group_signal import log_zero_std_shares, zero_std_shares
-from .hub import one_line_hub_errors
-from .old_tokens import old_token_inputs, weight_old_tokens
-from .planning import GroupPlan, GroupPlanner, state_advantages
-from .schedule import SeedingWatch, check_seeding
-from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
-from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
-from .snapshots import (
+from ..method.cutting import SeedSplicer, boundary_token_ids
+from ..method.group_signal import log_zero_std_shares, zero_std_shares
+from ..method.old_tokens import old_token_inputs, weight_old_tokens
+from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages
+from ..store.cards import THINKING_SEEDS_CITATION, model_card_for
+from ..store.hub import one_line_hub_errors
+from ..store.seed_store import (
     SeedSnapshotCallback,
     SeedStore,
+    StoreSettings,
     check_resume_checkpoint,
     last_complete_checkpoint,
 )
-from .tiny import save_base_for_adapter
+from ..tiny import save_base_for_adapter
+from .backends import SeededBackend, replaced
+from .checks import check_one_generation_fits, check_seedable_dataset, check_single_turn, check_success_reward
+from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
+from .notices import trl_notices_hidden
+from .schedule import SeedingWatch, check_seeding
+from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
+from .seed_grpo_config import SeedGRPOConfig
+from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo
 
 
@@ -89,7 +91,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         schedule = check_seeding(args, train_dataset)  # before any model or vLLM work: a run that cannot seed stops
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusals below.
-        with loadable_by_path(model, needed=args.beta != 0.0):
+        with loadable_by_path(model, needed=args.beta != 0.0), trl_notices_hidden():
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         self.backend = SeededBackend(self)
         self._check_inputs(train_dataset, kwargs)
@@ -97,7 +99,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         self.seed_splicer = SeedSplicer(args.prefix_mode)
         self.seed_store = self._make_seed_store()  # reads `seed_dataset` (text seeds come with their cut positions)
         self.planner = GroupPlanner(
-            args,
+            PlannerSettings.of(args),
             self.num_generations,
             self.max_completion_length,
             self.eos_token_ids,
@@ -130,14 +132,13 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     def _make_seed_store(self) -> SeedStore:
         return SeedStore(
-            self.args,
+            StoreSettings.of(self.args, use_vllm=self.use_vllm),
             self.accelerator,
             self.model,
             self._tokenizer,
             self.reward_func_names,
             success_reward=self.reward_func_names[self._success_index],
             metrics=self._metrics["train"],
-            use_vllm=self.use_vllm,
             train_dataset=self.train_dataset,
             reward_funcs=self.reward_funcs,
         )
@@ -154,7 +155,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.args.seed_method != "none":
             self.seed_store.start(resume_from_checkpoint or None)
             self.planner.reset(self.seed_store.resumed_state.get("planner"))
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Generation: plan the cuts, splice, record

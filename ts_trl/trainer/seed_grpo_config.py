@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .bank import SEED_SELECTIONS
-from .cutting import PREFIX_MODES
-from .planning import CUT_SELECTIONS, SEED_TRIGGERS
+from .notices import trl_notices_hidden
 
+# The config owns every choice; the layers below receive values it has validated (see `ts_trl.method`).
 SEED_METHODS = ("none", "seeds", "replay")
 SEED_FILTERS = ("success",)
+PREFIX_MODES = ("state", "action")
+SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
+CUT_SELECTIONS = ("ratio", "target")
+SEED_TRIGGERS = ("fraction", "zero_std")
 
 
 def _choice(default: str, choices: tuple[str, ...], help: str):
@@ -196,7 +199,8 @@ class SeedGRPOConfig(GRPOConfig):
         # The seeding fields first: a bad one is then reported as itself, not hidden behind whatever TRL or
         # transformers find wrong with the rest of the setup (e.g. bf16 requested on a CPU-only machine).
         self._validate_seeding()
-        super().__post_init__()
+        with trl_notices_hidden():  # GRPOConfig sets transformers' renamed `gradient_checkpointing` field
+            super().__post_init__()
         if (
             self.seed_method != "none"
             and self.seed_fraction > 0

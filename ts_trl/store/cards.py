@@ -8,12 +8,16 @@ import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData, ModelCard, ModelCardData
+from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
 
-from .resources import packaged_file
-from .seed_data import SEED_COLUMNS, SeedManifest, column_type_name
+from ..resources import packaged_file
+from ..tiny import BASE_MODEL_DIR
+from .format import SEED_COLUMNS, SeedManifest, column_type_name
 
 MODEL_CARD_TEMPLATE = "model_card.md.j2"
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -247,12 +251,6 @@ def model_name_of(model) -> str:
 def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metrics=None) -> ModelCard:
     """The model card of `trainer`'s run, as TRL's `create_model_card` gathers it (base model, tags, tracker links,
     framework versions), rendered from this package's template with what a Hub visitor needs to load and judge it."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
-
-    from .config import SeedGRPOConfig
-    from .tiny import BASE_MODEL_DIR
 
     args, model = trainer.args, trainer.model
     output_dir = Path(args.output_dir).resolve()
@@ -295,7 +293,7 @@ def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metri
         dataset_name=dataset_name,
         seed_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
         is_peft=is_peft,
-        seed_config={f.name: getattr(args, f.name) for f in dataclasses.fields(SeedGRPOConfig)},
+        seed_config={f.name: getattr(args, f.name) for f in dataclasses.fields(args)},
         metrics={**card_metrics, **(metrics or {})},
         hyperparameters={name: getattr(args, name) for name in HYPERPARAMETERS if hasattr(args, name)},
         license=args.card_license,
@@ -378,7 +376,6 @@ def dataset_card_for_shard(
     local: bool = False,
 ) -> DatasetCard:
     """The dataset card for a run's seed folder, read from the `manifest.json` next to `shard_path` and its schema."""
-    import pyarrow.parquet as pq
 
     shard_path = Path(shard_path)
     schema = pq.read_schema(shard_path)

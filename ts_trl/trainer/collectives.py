@@ -25,6 +25,8 @@ import atexit
 import os
 import time
 
+import torch
+
 EXIT_PAUSE_S = 0.5
 _registered = False
 
@@ -58,11 +60,10 @@ def share_process_group_with_deepspeed() -> None:
     ("train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size"). Wrapping the running
     group (DeepSpeed's `init_distributed` reuses it) makes ZeRO-3 on several CPU processes behave as on GPUs.
     """
-    import torch
 
     if not is_deepspeed() or not torch.distributed.is_initialized():
         return
-    from deepspeed import comm
+    from deepspeed import comm  # lazy: an optional extra, only under DeepSpeed
 
     if not comm.is_initialized():
         comm.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)

@@ -618,3 +618,9 @@ def _check_token_ids(ids: pa.ChunkedArray, vocab_size: int, source: str, why: st
             f"{source} holds token ids outside this tokenizer's vocabulary (size {vocab_size}; found {low}..{high}): "
             f"{why}"
         )
+
+
+def prompt_id_of(prompt: str | list[dict]) -> str:
+    """Stable id of a prompt: 16 hex chars of the sha1 of its text, or of its canonical JSON for chat messages."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]

@@ -9,9 +9,11 @@ import json
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .seed_data import SEEDS_DIR, SeedManifest
+from ..embedded import embedded_reward, pass_at_1
+from ..store.format import SEEDS_DIR, SeedManifest
 
 # Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
 MEAN_METRICS = (
@@ -30,7 +32,6 @@ def held_out_pass_at_1(trainer, dataset, num_samples: int) -> float | None:
         return None
     if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: generate() outside the engine would see none
         return None
-    from .embedded import embedded_reward, pass_at_1
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     return pass_at_1(
@@ -56,8 +57,6 @@ def seed_statistics(trainer) -> dict:
     stats["bank_size"] = len(trainer.seed_bank)  # the bank itself, not the last logging window's mean
     manifest = SeedManifest.load(Path(trainer.args.output_dir) / SEEDS_DIR)
     if manifest is not None:
-        import pyarrow.parquet as pq
-
         shards = manifest.shards
         # One file at a time, on this thread: pyarrow's dataset scanner (`pq.read_table`) leaves pool threads that can
         # abort the interpreter ("terminate called without an active exception") when the process exits right after.

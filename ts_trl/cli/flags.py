@@ -15,7 +15,10 @@ import os
 import shutil
 import sys
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from ..resources import cache_root
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -97,18 +100,12 @@ def wants_help(argv: list[str]) -> bool:
 # The help text of `ts_trl train`, cached
 
 
-def cache_root() -> Path:
-    """Where ts_trl caches what it can rebuild: `$TS_TRL_CACHE`, else `~/.cache/ts_trl`."""
-    return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl"))
-
-
 def _help_cache_file(prog: str) -> Path:
     """The cache file of `prog`'s help, named by everything the text depends on.
 
     The flags and their help come from this package's source and from TRL's and transformers' dataclasses; argparse
     wraps the text to the terminal's width.
     """
-    from importlib.metadata import PackageNotFoundError, version
 
     digest = hashlib.sha256()
     for package in ("trl", "transformers"):

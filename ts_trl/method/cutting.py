@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-PREFIX_MODES = ("state", "action")
-
 
 @dataclass(frozen=True)
 class Cut:
@@ -77,8 +75,8 @@ class SeedSplicer:
     """The one place that splices a cut seed after a prompt and builds the prefix loss mask."""
 
     def __init__(self, prefix_mode: str = "state"):
-        if prefix_mode not in PREFIX_MODES:
-            raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}, got {prefix_mode!r}.")
+        if prefix_mode not in ("state", "action"):  # a public class: direct users get the config's refusal too
+            raise ValueError(f"prefix_mode must be one of ('state', 'action'), got {prefix_mode!r}.")
         self.prefix_mode = prefix_mode
 
     def __call__(self, prompt_ids: Sequence[int], seed_ids: Sequence[int], cut: Cut) -> Splice:

@@ -11,6 +11,7 @@ step `t + 1`, and that is the step this module reports.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -69,6 +70,56 @@ class SeedingSchedule:
         )
 
 
+@dataclass(frozen=True)
+class _RunShape:
+    """How a run walks through its prompts: generation batches per epoch, optimizer steps per epoch and in all."""
+
+    generations: int  # generation batches per epoch (TRL's RepeatSampler drops an incomplete one)
+    prompts_per_generation: int
+    micro_steps_per_generation: int
+    accumulation: int  # gradient_accumulation_steps
+    steps_per_epoch: int
+    total_steps: int
+
+    def step_of(self, epoch: int, generation: int) -> int:
+        """The global step at which generation batch `generation` of `epoch` is made."""
+        return epoch * self.steps_per_epoch + generation * self.micro_steps_per_generation // self.accumulation
+
+    def generations_by(self, epoch: int, cutoff: int) -> int:
+        """How many generation batches of `epoch` are made at a step <= `cutoff`."""
+        room = cutoff - epoch * self.steps_per_epoch
+        if room < 0:
+            return 0
+        return min(self.generations, -(-((room + 1) * self.accumulation) // self.micro_steps_per_generation))
+
+
+def _snapshot_intervals(save_strategy, save_steps: float, seed_snapshot_steps, steps_per_epoch: int, total: int):
+    """The step intervals at which seed shards are written (None: they follow a metric, unknown in advance)."""
+    strategy = str(getattr(save_strategy, "value", save_strategy))
+    every = []
+    if seed_snapshot_steps:
+        every.append(seed_snapshot_steps)
+    if strategy == "steps" and save_steps:
+        every.append(save_steps if save_steps >= 1 else math.ceil(save_steps * total))
+    if strategy == "epoch":
+        every.append(steps_per_epoch)
+    return [int(e) for e in every if e >= 1]
+
+
+def _eligible_share(shape: _RunShape, epoch: int, generation: int, cutoff: int, shuffle: bool, num_prompts: int):
+    """The chance that a prompt of this generation batch has a rollout made at a step <= `cutoff`."""
+    if cutoff < 0:
+        return 0.0
+    if not shuffle:  # the same prompts as this generation in every epoch: eligible once the first visit is
+        return float(shape.step_of(0, generation) <= cutoff)
+    # The prompt sat in a uniformly random generation batch of each earlier epoch.
+    covered = shape.generations * shape.prompts_per_generation / num_prompts  # drawn in an epoch
+    made = [shape.generations_by(e, cutoff) for e in range(epoch)]
+    whole = sum(m == shape.generations for m in made)
+    partial = next((m for m in made if m < shape.generations), 0)
+    return 1 - (1 - covered) ** whole * (1 - partial * shape.prompts_per_generation / num_prompts)
+
+
 def seeding_schedule(
     *,
     num_prompts: int,
@@ -88,79 +139,52 @@ def seeding_schedule(
     shuffle_dataset: bool = True,
 ) -> SeedingSchedule | None:
     """Computes when seeding can start; `None` where the run's shape cannot be known (a `"best"` save strategy with
-    no `seed_snapshot_steps`, or fewer prompts than one generation, which the trainer refuses on its own)."""
-    spg = steps_per_generation or gradient_accumulation_steps
-    GA = gradient_accumulation_steps
-    prompts_per_generation = per_device_train_batch_size * num_processes * spg // num_generations
-    chunks = num_prompts // prompts_per_generation  # TRL's RepeatSampler drops an incomplete generation batch
-    if chunks == 0:
+    no `seed_snapshot_steps`, or fewer prompts than one generation, which the trainer refuses on its own).
+
+    It walks the run's generation batches in order, as TRL makes them, and adds up each one's expected eligible groups.
+    """
+    steps_per_generation = steps_per_generation or gradient_accumulation_steps
+    prompts_per_generation = per_device_train_batch_size * num_processes * steps_per_generation // num_generations
+    generations = num_prompts // prompts_per_generation
+    if generations == 0:
         return None
-    micro_per_generation = spg * num_iterations
-    micro_per_epoch = chunks * micro_per_generation
-    per_epoch = max(math.ceil(micro_per_epoch / GA), 1)  # transformers counts a last partial accumulation as a step
+    micro_per_generation = steps_per_generation * num_iterations
+    # transformers counts a last partial accumulation as a step
+    per_epoch = max(math.ceil(generations * micro_per_generation / gradient_accumulation_steps), 1)
     total = max_steps if max_steps > 0 else math.ceil(num_train_epochs * per_epoch)
-
-    strategy = str(getattr(save_strategy, "value", save_strategy))
-    if seed_snapshot_only and strategy == "best" and not seed_snapshot_steps:
+    shape = _RunShape(
+        generations, prompts_per_generation, micro_per_generation, gradient_accumulation_steps, per_epoch, total
+    )
+    if (
+        seed_snapshot_only
+        and str(getattr(save_strategy, "value", save_strategy)) == "best"
+        and not seed_snapshot_steps
+    ):
         return None  # checkpoints (and their shards) follow the metric: unknown in advance
-    every = []
-    if seed_snapshot_steps:
-        every.append(seed_snapshot_steps)
-    if strategy == "steps" and save_steps:
-        every.append(save_steps if save_steps >= 1 else math.ceil(save_steps * total))
-    if strategy == "epoch":
-        every.append(per_epoch)
-    every = [int(e) for e in every if e >= 1]
-
-    def last_snapshot(t: int) -> int:
-        return max((t // e * e for e in every), default=0)
-
-    def step_of(epoch: int, chunk: int) -> int:  # global_step when this generation is made
-        return epoch * per_epoch + chunk * micro_per_generation // GA
-
-    def chunks_by(epoch: int, cutoff: int) -> int:  # generations of `epoch` made at a step <= cutoff
-        room = cutoff - epoch * per_epoch
-        return 0 if room < 0 else min(chunks, -(-((room + 1) * GA) // micro_per_generation))
-
-    covered = chunks * prompts_per_generation / num_prompts  # a prompt's chance to be drawn in an epoch
+    every = _snapshot_intervals(save_strategy, save_steps, seed_snapshot_steps, per_epoch, total)
     first_return = first_seeded = expected_by = None
     expected = 0.0
-    epoch = 1
-    while step_of(epoch, 0) < total:
-        for chunk in range(chunks):
-            t = step_of(epoch, chunk)
-            if t >= total:
-                break
-            first_return = t + 1 if first_return is None else first_return
-            cutoff = t - seed_min_age
-            if seed_snapshot_only:
-                cutoff = min(cutoff, last_snapshot(t) - 1)
-            if cutoff < 0:
-                share = 0.0
-            elif shuffle_dataset:  # the prompt sat in a uniformly random generation of each earlier epoch
-                full = sum(chunks_by(e, cutoff) == chunks for e in range(epoch))
-                partial = next((chunks_by(e, cutoff) for e in range(epoch) if chunks_by(e, cutoff) < chunks), 0)
-                miss = (1 - covered) ** full * (1 - partial * prompts_per_generation / num_prompts)
-                share = 1 - miss
-            else:  # the same prompts as this generation in every epoch: eligible once the first visit is
-                share = float(step_of(0, chunk) <= cutoff)
-            if share > 0 and first_seeded is None:
-                first_seeded = t + 1
-            expected += share * prompts_per_generation
-            if expected >= EXPECTED_ELIGIBLE_GROUPS:
-                expected_by = t + 1
-                break
-        if expected_by is not None:
+    steps = ((e, g) for e in itertools.count(1) for g in range(generations))
+    for epoch, generation in itertools.takewhile(lambda eg: shape.step_of(*eg) < total, steps):
+        t = shape.step_of(epoch, generation)
+        first_return = t + 1 if first_return is None else first_return
+        cutoff = t - seed_min_age
+        if seed_snapshot_only:
+            cutoff = min(cutoff, max((t // e * e for e in every), default=0) - 1)  # rollouts of the last snapshot
+        share = _eligible_share(shape, epoch, generation, cutoff, shuffle_dataset, num_prompts)
+        if share > 0 and first_seeded is None:
+            first_seeded = t + 1
+        expected += share * prompts_per_generation
+        if expected >= EXPECTED_ELIGIBLE_GROUPS:
+            expected_by = t + 1
             break
-        epoch += 1
-    first_snapshot = min(every) if seed_snapshot_only and every else None
     return SeedingSchedule(
         num_prompts=num_prompts,
-        prompts_per_step=prompts_per_generation * GA / micro_per_generation,
+        prompts_per_step=prompts_per_generation * gradient_accumulation_steps / micro_per_generation,
         steps_per_epoch=per_epoch,
         total_steps=total,
         first_return_step=first_return,
-        first_snapshot_step=first_snapshot,
+        first_snapshot_step=min(every) if seed_snapshot_only and every else None,
         first_seeded_step=first_seeded,
         expected_by_step=expected_by,
     )

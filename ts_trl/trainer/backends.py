@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from transformers import LogitsProcessorList
 
-from .cutting import continuation_budget
+from ..method.cutting import continuation_budget
 from .prefix_forcing import ForcedPrefix
 
 RESULT_KEYS = ("completion_ids", "logprobs", "logprob_token_ids")  # per completion, prompt-major, in client answers

@@ -10,32 +10,16 @@ other process on the node that maps them, through the page cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from .seed_data import BANK_COLUMNS, Rollout
+from ..method.selection import EXTERNAL_STEP, Seed, draw_seeds
+from .format import BANK_COLUMNS, Rollout
 
-SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
-REJECTION_ROUNDS = 4  # draws per prompt before `SeedBank.sample` looks at all of its candidates
-EXTERNAL_STEP = np.iinfo(np.int32).min  # rollouts from another run (seed_dataset) are older than any step
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
 _HASH_TAIL = 4096  # rollout-id hashes kept unsorted before they are merged into the sorted index
-
-
-@dataclass(frozen=True)
-class Seed:
-    """A stored rollout handed out for seeding."""
-
-    index: int
-    rollout_id: str
-    prompt_id: str
-    completion_ids: np.ndarray
-    logprobs: np.ndarray
-    reward: float
-    step: int
 
 
 class _Payload:
@@ -445,32 +429,6 @@ class SeedBank:
         self._starts[1:] += np.cumsum(np.bincount(codes, minlength=num_prompts))
         self._prompt_indexed = last
 
-    def _prompt_ranges(self, prompt_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Where each prompt's rollouts start in `_by_prompt`, and how many there are (0 for an unknown prompt)."""
-        self._index_prompts()
-        codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
-        known = codes >= 0
-        if not known.any():
-            return np.zeros(len(codes), dtype=np.int64), np.zeros(len(codes), dtype=np.int64)
-        starts = np.where(known, self._starts[codes.clip(0)], 0)
-        counts = np.where(known, self._starts[codes.clip(0) + 1] - starts, 0)
-        return starts, counts
-
-    def _rows_of(self, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The indices of the rollouts in each range of `_by_prompt`, concatenated, and the position of their range."""
-        group = np.repeat(np.arange(len(counts)), counts)
-        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        return self._by_prompt[starts[group] + within].astype(np.int64), group
-
-    def _lengths(self, indices: np.ndarray) -> np.ndarray:
-        return self._token_address.values[indices] & ((1 << TOKEN_LENGTH_BITS) - 1)
-
-    def _eligible(self, indices: np.ndarray, step: int, min_age: int, snapshot_only: bool) -> np.ndarray:
-        keep = (self._step.values[indices] <= step - min_age) & (self._lengths(indices) >= 2)
-        if snapshot_only:
-            keep &= indices < self.num_snapshotted
-        return keep
-
     def sample(
         self,
         prompt_ids: Sequence[str],
@@ -481,83 +439,41 @@ class SeedBank:
         snapshot_only: bool = True,
         pass_rates: dict[str, float] | None = None,
     ) -> list[Seed | None]:
-        """Draws one seed per prompt (None where the prompt has no eligible seed) according to `selection`.
-
-        `passrate` steers each group toward a 50% pass rate: prompts the policy mostly fails (`pass_rates` < 0.5)
-        get successful seeds (reward > success_threshold), prompts it mostly solves get failing ones; unknown prompts
-        are uniform.
-        """
-        if selection not in SEED_SELECTIONS:
-            raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {selection!r}.")
-        wants = [selection] * len(prompt_ids)
-        if selection == "passrate":
-            rates = pass_rates or {}
-            wants = [
-                "uniform" if rates.get(p) is None else ("success" if rates[p] < 0.5 else "failure") for p in prompt_ids
-            ]
-        want = np.array([SEED_SELECTIONS.index(w) for w in wants], dtype=np.int8)
-        chosen = np.full(len(prompt_ids), -1, dtype=np.int64)
-        # First by rejection: draw one of each prompt's rollouts uniformly and keep it if it is eligible. Accepted
-        # draws are uniform among the eligible rollouts, and the cost is a few reads per prompt wherever the bank's
-        # rollouts are, not one per candidate: flat in the bank's size. `oldest` needs every candidate.
-        starts, counts = self._prompt_ranges(prompt_ids)
-        pending = np.flatnonzero((counts > 0) & (want != SEED_SELECTIONS.index("oldest")))
-        for _ in range(REJECTION_ROUNDS):
-            if not pending.size:
-                break
-            drawn = self._by_prompt[starts[pending] + rng.integers(counts[pending])].astype(np.int64)
-            accept = self._eligible(drawn, step, min_age, snapshot_only) & self._wanted(drawn, want[pending])
-            chosen[pending[accept]] = drawn[accept]
-            pending = pending[~accept]
-        # Then exactly, over every candidate: prompts with few eligible rollouts, none, or `oldest`.
-        rest = np.flatnonzero((chosen < 0) & (counts > 0))
-        if rest.size:
-            chosen[rest] = self._sample_exhaustive(
-                starts[rest], counts[rest], want[rest], step, rng, min_age, snapshot_only
-            )
+        """One seed per prompt (None where the prompt has no eligible seed), drawn by `selection` (see
+        `ts_trl.method.selection.draw_seeds`, the policy; this class only stores)."""
+        chosen = draw_seeds(self, prompt_ids, step, rng, selection, min_age, snapshot_only, pass_rates)
         seeds: list[Seed | None] = [None] * len(prompt_ids)
         found = np.flatnonzero(chosen >= 0)
         for position, seed in zip(found.tolist(), self._get_many(chosen[found])):
             seeds[position] = seed
         return seeds
 
-    def _wanted(self, indices: np.ndarray, want: np.ndarray) -> np.ndarray:
-        """Whether each rollout has the outcome its prompt's selection asks for (`success`/`failure`; else any)."""
-        if not ((want == SEED_SELECTIONS.index("success")) | (want == SEED_SELECTIONS.index("failure"))).any():
-            return np.ones(len(indices), dtype=bool)
-        success = self._reward.values[indices] > self.success_threshold
-        return np.where(
-            want == SEED_SELECTIONS.index("success"),
-            success,
-            np.where(want == SEED_SELECTIONS.index("failure"), ~success, True),
-        )
+    # ----------------------------------------------------------------------------------------------------------------
+    # What the selection policy reads
 
-    def _sample_exhaustive(
-        self,
-        starts: np.ndarray,
-        counts: np.ndarray,
-        want: np.ndarray,
-        step: int,
-        rng: np.random.Generator,
-        min_age: int,
-        snapshot_only: bool,
-    ) -> np.ndarray:
-        """One eligible rollout per prompt range (-1 where none), looking at every candidate. Linear in their number."""
-        indices, group = self._rows_of(starts, counts)
-        keep = self._eligible(indices, step, min_age, snapshot_only) & self._wanted(indices, want[group])
-        kept = np.flatnonzero(keep)  # positions in `indices`, still grouped by prompt
-        kept_counts = np.bincount(group[kept], minlength=len(counts))
-        has_seed = kept_counts > 0
-        starts, sizes = (np.cumsum(kept_counts) - kept_counts)[has_seed], kept_counts[has_seed]
-        picks = starts + rng.integers(sizes)  # uniform among each prompt's kept candidates
-        oldest = (want == SEED_SELECTIONS.index("oldest"))[has_seed]
-        if oldest.any():
-            kept_steps = self._step.values[indices[kept]]
-            for j in np.flatnonzero(oldest):  # argmin: the first of the oldest
-                picks[j] = starts[j] + np.argmin(kept_steps[starts[j] : starts[j] + sizes[j]])
-        chosen = np.full(len(counts), -1, dtype=np.int64)
-        chosen[has_seed] = indices[kept[picks]]
-        return chosen
+    def prompt_ranges(self, prompt_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Where each prompt's rollouts start in the by-prompt index, and how many there are (0 for an unknown one)."""
+        self._index_prompts()
+        codes = np.array([self._prompt_code.get(p, -1) for p in prompt_ids], dtype=np.int64)
+        known = codes >= 0
+        if not known.any():
+            return np.zeros(len(codes), dtype=np.int64), np.zeros(len(codes), dtype=np.int64)
+        starts = np.where(known, self._starts[codes.clip(0)], 0)
+        counts = np.where(known, self._starts[codes.clip(0) + 1] - starts, 0)
+        return starts, counts
+
+    def by_prompt(self, positions: np.ndarray) -> np.ndarray:
+        """The rollout indices at `positions` of the by-prompt index (positions come from `prompt_ranges`)."""
+        return self._by_prompt[positions].astype(np.int64)
+
+    def steps(self, indices: np.ndarray) -> np.ndarray:
+        return self._step.values[indices]
+
+    def rewards(self, indices: np.ndarray) -> np.ndarray:
+        return self._reward.values[indices]
+
+    def lengths(self, indices: np.ndarray) -> np.ndarray:
+        return self._token_address.values[indices] & ((1 << TOKEN_LENGTH_BITS) - 1)
 
     def _get_many(self, indices: np.ndarray) -> list[Seed]:
         """The seeds at `indices` (their token arrays are views into the bank's chunks)."""

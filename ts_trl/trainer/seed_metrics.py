@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .planning import GroupPlan
+from ..method.planning import GroupPlan
 
 # TRL's length metrics of a batch, which `_generate` appends and the trainer overwrites with `generated_length_metrics`.
 LENGTH_METRICS = (

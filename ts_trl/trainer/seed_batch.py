@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cutting import SeedSplicer, Splice
-from .data import prompt_id_of
-from .planning import GroupPlan
+from ..method.cutting import SeedSplicer, Splice
+from ..method.planning import GroupPlan
+from ..store.format import Rollout, prompt_id_of
+from ..store.seed_store import PendingRollout
 from .prefix_forcing import strip_forced
-from .seed_data import Rollout
-from .snapshots import PendingRollout
 
 PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
 

@@ -2,7 +2,8 @@
 
 Nothing here touches torch or trainer state: the trainer gathers the prompt ids of the global batch and the rewards,
 and this module turns them into a `GroupPlan` (the same on every rank, since every rank draws from the same
-generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py with a hand-filled `SeedBank`.
+generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py with a hand-filled `SeedBank`;
+the settings it reads are one `PlannerSettings`, built once by the trainer from its config.
 
 Two switches beside the paper's method live here too (docs/target-cuts.md): `cut_selection="target"` (`CutOutcomes`:
 the ratio bin whose estimated continuation pass rate is nearest a target) and `seed_trigger="zero_std"` (seed only
@@ -17,13 +18,11 @@ from functools import partial
 
 import numpy as np
 
-from .bank import EXTERNAL_STEP, Seed, SeedBank
 from .cutting import Cut, admissible_ratios, draw_cut
 from .group_signal import all_equal_groups
+from .selection import EXTERNAL_STEP, Seed
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate"), mean reward, cut counts
-CUT_SELECTIONS = ("ratio", "target")
-SEED_TRIGGERS = ("fraction", "zero_std")
 TARGET_RATIO_BINS = 4  # equal-width bins of [cut_ratio_min, cut_ratio_max] that cut_selection="target" picks among
 CUT_PRIOR_STRENGTH = 2.0  # pseudo-continuations of the Beta prior of a bin's pass rate (docs/target-cuts.md)
 
@@ -133,10 +132,34 @@ def _outcome(passed: bool) -> str:
     return "passed" if passed else "failed"
 
 
+@dataclass(frozen=True)
+class PlannerSettings:
+    """The seeding settings a `GroupPlanner` reads, validated once by `SeedGRPOConfig` (its fields of the same names)."""
+
+    seed: int = 0
+    seed_method: str = "seeds"  # "seeds" or "replay"
+    seed_fraction: float = 0.5
+    seed_trigger: str = "fraction"  # "fraction" or "zero_std"
+    seed_selection: str = "uniform"
+    seed_min_age: int = 1
+    seed_snapshot_only: bool = True
+    cut_ratio_min: float = 0.1
+    cut_ratio_max: float = 0.9
+    cut_selection: str = "ratio"  # "ratio" or "target"
+    target_pass_rate: float = 0.5
+    success_threshold: float = 0.0
+    replay_per_group: int = 1
+
+    @classmethod
+    def of(cls, config) -> PlannerSettings:
+        """The planner's fields of `config` (a `SeedGRPOConfig`, or anything with those attributes)."""
+        return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
+
+
 class GroupPlanner:
     """Plans the seeded groups of every generation batch and keeps the pass rates that `passrate` selection reads.
 
-    `args` is a `SeedGRPOConfig` (only its seeding fields and `seed` are read); `budget` is `max_completion_length`;
+    `args` is a `PlannerSettings`; `budget` is `max_completion_length`;
     `max_positions` is the model's position limit (None: unbounded), which bounds the cuts of long prompts.
     """
 
@@ -180,7 +203,7 @@ class GroupPlanner:
 
     def plan(
         self,
-        bank: SeedBank,
+        bank,
         keys: Sequence[str],
         step: int,
         first_row: int,
@@ -210,7 +233,7 @@ class GroupPlanner:
             rows = self._plan_cuts(group_keys, wanted, candidates, rng, step, first_row, local_size, group_lengths)
         return GroupPlan(step=step, count=count, group_keys=list(group_keys), num_groups=len(group_keys), **rows)
 
-    def _sample(self, bank: SeedBank, group_keys: Sequence[str], step: int, rng: np.random.Generator):
+    def _sample(self, bank, group_keys: Sequence[str], step: int, rng: np.random.Generator):
         """One seed per group as `seed_selection` says. With `seed_trigger="zero_std"`, a successful seed for a prompt
         whose last plain group all failed and a failed one for an all-passed prompt come first, where the bank has
         one; else the `seed_selection` one; else any eligible seed."""

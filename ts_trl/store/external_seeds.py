@@ -26,19 +26,22 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
-from .data import prompt_id_of
-from .seed_data import (
+from .format import (
     SEEDS_DIR,
     SeedManifest,
     atomic_write_json,
     file_sha256,
     load_seed_table,
+    prompt_id_of,
     read_table,
     resolve_seed_dataset,
     write_shard,
 )
+from .hub import download_seed_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,29 @@ class Trace:
     reward: float | None = None
 
 
+@dataclass(frozen=True)
+class ExternalSeedSettings:
+    """The settings `seed_dataset` is read with, validated once by `SeedGRPOConfig` (its fields of the same names)."""
+
+    seed_dataset: str | None = None
+    seed_dataset_revision: str | None = None
+    seed_dataset_same_tokenizer: str = "error"
+    seed_prompt_column: str | None = None
+    seed_completion_column: str | None = None
+    seed_filter: str | None = None
+    success_threshold: float = 0.0
+    max_completion_length: int = 256
+    cut_at_newline: bool = False
+    prefix_mode: str = "state"
+    seed_method: str = "seeds"
+    output_dir: str = "."
+
+    @classmethod
+    def of(cls, config) -> ExternalSeedSettings:
+        """These fields of `config` (a `SeedGRPOConfig`, or anything with those attributes)."""
+        return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
+
+
 def is_hub_id(seed_dataset: str) -> bool:
     """Whether `seed_dataset` names a Hub dataset ('org/name') rather than a local path."""
     path = Path(seed_dataset).expanduser()
@@ -79,32 +105,39 @@ def is_hub_id(seed_dataset: str) -> bool:
 
 
 def read_external_seeds(
-    args, tokenizer, tokenizer_fp: str, train_dataset, reward_funcs=(), reward_names=(), success_reward=None, main=True
+    settings,
+    tokenizer,
+    tokenizer_fp: str,
+    train_dataset,
+    reward_funcs=(),
+    reward_names=(),
+    success_reward=None,
+    main=True,
 ) -> ExternalSeeds | None:
-    """The seeds of `args.seed_dataset` for this run, or None without one; refusals are one line each.
+    """The seeds of `settings.seed_dataset` (an `ExternalSeedSettings`) for this run, or None without one; refusals are one line each.
 
     `main`: this process writes the cache (every process computes the same seeds).
     """
-    if args.seed_dataset is None:
+    if settings.seed_dataset is None:
         return None
-    source = f"seed_dataset={args.seed_dataset!r}"
-    key = _cache_key(args, tokenizer_fp, train_dataset, success_reward)
-    cached = _read_cache(Path(args.output_dir) / CACHE_DIR, key, source)
+    source = f"seed_dataset={settings.seed_dataset!r}"
+    key = _cache_key(settings, tokenizer_fp, train_dataset, success_reward)
+    cached = _read_cache(Path(settings.output_dir) / CACHE_DIR, key, source)
     if cached is not None:
-        refuse_text_seed_modes(args, source)
-        logger.info(f"{source}: {cached.table.num_rows} text seeds read back from {args.output_dir}/{CACHE_DIR}.")
+        refuse_text_seed_modes(settings, source)
+        logger.info(f"{source}: {cached.table.num_rows} text seeds read back from {settings.output_dir}/{CACHE_DIR}.")
         return cached
-    folder, revision = _local_copy(args.seed_dataset, args.seed_dataset_revision)
+    folder, revision = _local_copy(settings.seed_dataset, settings.seed_dataset_revision)
     table = read_any(folder, source)
-    provenance = {"dataset": args.seed_dataset, "revision": revision, **_source_model(table)}
+    provenance = {"dataset": settings.seed_dataset, "revision": revision, **_source_model(table)}
     if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
-        seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), args.seed_dataset_same_tokenizer)
+        seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), settings.seed_dataset_same_tokenizer)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
-        if args.seed_filter:
+        if settings.seed_filter:
             logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
         return ExternalSeeds(seeds, provenance)
-    refuse_text_seed_modes(args, source)
-    traces, columns = read_traces(table, args.seed_prompt_column, args.seed_completion_column, source)
+    refuse_text_seed_modes(settings, source)
+    traces, columns = read_traces(table, settings.seed_prompt_column, settings.seed_completion_column, source)
     provenance.update(
         kind="seed dataset of another tokenizer" if "completion_ids" in table.column_names else "traces",
         prompt_column=columns[0],
@@ -112,17 +145,17 @@ def read_external_seeds(
         rows=len(traces),
     )
     success = (reward_funcs, reward_names, success_reward)
-    seeds = text_seeds(args, tokenizer, traces, train_dataset, success, source, main)
+    seeds = text_seeds(settings, tokenizer, traces, train_dataset, success, source, main)
     seeds.provenance = {**provenance, **seeds.provenance, "cache_key": key}
     if main:
-        _write_cache(Path(args.output_dir) / CACHE_DIR, seeds)
+        _write_cache(Path(settings.output_dir) / CACHE_DIR, seeds)
     return seeds
 
 
-def refuse_text_seed_modes(args, source: str) -> None:
+def refuse_text_seed_modes(settings, source: str) -> None:
     """Text seeds have no behaviour log-probs: what needs them is refused, in one line."""
-    if args.prefix_mode == "action" or args.seed_method == "replay":
-        setting = "prefix_mode='action'" if args.prefix_mode == "action" else "seed_method='replay'"
+    if settings.prefix_mode == "action" or settings.seed_method == "replay":
+        setting = "prefix_mode='action'" if settings.prefix_mode == "action" else "seed_method='replay'"
         raise ValueError(
             f"{source} holds text seeds (another tokenizer's or a trace dataset's, re-tokenised), which have no "
             f"behaviour log-probs, and {setting} trains on the seeds' own tokens with them. Use prefix_mode='state' "
@@ -141,7 +174,6 @@ def _local_copy(seed_dataset: str, revision: str | None) -> tuple[Path, str | No
         if not path.exists():
             raise ValueError(f"seed_dataset={seed_dataset!r}: no such file or folder, and not a Hub id ('org/name').")
         return path, None
-    from .hub import download_seed_dataset
 
     folder = download_seed_dataset(seed_dataset, revision=revision, traces=True)
     return folder, folder.name  # the Hugging Face cache names a snapshot folder by its commit
@@ -179,9 +211,7 @@ def _read_file(path: Path, source: str) -> pa.Table:
         if path.suffix == ".parquet":
             return pq.read_table(path)
         if path.suffix == ".csv":
-            from pyarrow import csv
-
-            return csv.read_csv(path)
+            return pa_csv.read_csv(path)
         text = path.read_text()
         if path.suffix == ".json" and text.lstrip().startswith(("[", "{")) and not _is_json_lines(text):
             rows = json.loads(text)
@@ -364,7 +394,6 @@ def success_scores(traces, rows, train_dataset, success, source, main=True) -> n
     `success`: (the run's reward functions, their names, the success reward's name); `rows`: each trace's training row,
     whose columns (e.g. `answer`) the reward function gets as TRL passes them.
     """
-    from tqdm.auto import tqdm
 
     reward_funcs, reward_names, success_reward = success
     func = reward_funcs[list(reward_names).index(success_reward)]
@@ -397,7 +426,7 @@ def _ignore(*args, **kwargs) -> None:
     """What a reward function's `log_extra` and `log_metric` do while traces are scored: nothing is logged."""
 
 
-def text_seeds(args, tokenizer, traces, train_dataset, success, source: str, main: bool = True) -> ExternalSeeds:
+def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str, main: bool = True) -> ExternalSeeds:
     """The bank rows of re-tokenised traces that match a training prompt, fit the budget and (with the filter) passed.
 
     `success`: (the run's reward functions, their names, the success reward's name), for `seed_filter="success"`.
@@ -406,7 +435,7 @@ def text_seeds(args, tokenizer, traces, train_dataset, success, source: str, mai
     kept = [i for i, row in enumerate(rows) if row is not None]
     provenance = {"matched": len(kept)}
     rewards = {i: traces[i].reward for i in kept}
-    if args.seed_filter == "success":
+    if settings.seed_filter == "success":
         scores = success_scores(
             [traces[i] for i in kept],
             [rows[i] for i in kept],
@@ -416,16 +445,16 @@ def text_seeds(args, tokenizer, traces, train_dataset, success, source: str, mai
             main,
         )
         rewards = dict(zip(kept, scores.tolist()))
-        kept = [i for i in kept if rewards[i] > args.success_threshold]
+        kept = [i for i in kept if rewards[i] > settings.success_threshold]
         provenance.update(filter="success", success_reward=success[2], successful=len(kept))
         if not kept:
             raise ValueError(
                 f"{source}: none of its {len(rewards)} matched traces scores above success_threshold="
-                f"{args.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
+                f"{settings.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
                 "none. Check the traces' answers, or leave seed_filter unset."
             )
-    tokenised = {i: retokenise(tokenizer, traces[i].text, args.cut_at_newline) for i in kept}
-    _check_budget([len(tokenised[i][0]) for i in kept], args.max_completion_length, source)
+    tokenised = {i: retokenise(tokenizer, traces[i].text, settings.cut_at_newline) for i in kept}
+    _check_budget([len(tokenised[i][0]) for i in kept], settings.max_completion_length, source)
     prompt_ids = _prompt_ids(train_dataset)
     table = seed_rows_table(
         [traces[i].rollout_id or f"trace-{i}" for i in kept],
@@ -480,10 +509,10 @@ def _cuts_of(table: pa.Table) -> dict[str, np.ndarray]:
 # The cache next to the run
 
 
-def _cache_key(args, tokenizer_fp: str, train_dataset, success_reward) -> str:
+def _cache_key(settings, tokenizer_fp: str, train_dataset, success_reward) -> str:
     """What the text seeds depend on: the dataset (and a local one's files), the options, tokenizer and prompts."""
-    settings = {
-        name: getattr(args, name)
+    parts = {
+        name: getattr(settings, name)
         for name in (
             "seed_dataset",
             "seed_dataset_revision",
@@ -494,15 +523,15 @@ def _cache_key(args, tokenizer_fp: str, train_dataset, success_reward) -> str:
             "cut_at_newline",
         )
     }
-    if args.seed_filter:
-        settings.update(success_reward=success_reward, success_threshold=args.success_threshold)
-    path = Path(args.seed_dataset).expanduser()
+    if settings.seed_filter:
+        parts.update(success_reward=success_reward, success_threshold=settings.success_threshold)
+    path = Path(settings.seed_dataset).expanduser()
     files = sorted(path.rglob("*")) if path.is_dir() else [path] if path.is_file() else []
-    settings["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    parts["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
     prompts = train_dataset["prompt"] if hasattr(train_dataset, "column_names") else []
-    settings["prompts"] = hashlib.sha256(json.dumps(list(prompts), sort_keys=True).encode()).hexdigest()
-    settings["tokenizer"] = tokenizer_fp
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    parts["prompts"] = hashlib.sha256(json.dumps(list(prompts), sort_keys=True).encode()).hexdigest()
+    parts["tokenizer"] = tokenizer_fp
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _read_cache(folder: Path, key: str, source: str) -> ExternalSeeds | None:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import tempfile
 
-from .seed_data import SEEDS_DIR
-from .tiny import save_model_from_this_rank
+import transformers.trainer as hf_trainer
+
+from ..store.format import SEEDS_DIR
+from ..tiny import save_model_from_this_rank
+from .backends import replaced
 
 TRL_HOOKS = (
     "_generate_and_score_completions",
@@ -96,9 +99,6 @@ def seeds_kept_out_of_model_repo():
     `Trainer.push_to_hub` and `_push_from_checkpoint` hard-code their ignore patterns and fetch the client through
     `transformers.trainer.hf_api()`, the one place a pattern can be added (`TRL_INTERNALS["hf_api"]`).
     """
-    import transformers.trainer as hf_trainer
-
-    from .backends import replaced
 
     original = hf_trainer.hf_api
     with replaced(hf_trainer, "hf_api", lambda: _ModelRepoApi(original())):

@@ -8,14 +8,11 @@ the shards its bank held::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import secrets
-import signal
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +25,9 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .bank import SeedBank
-from .cards import model_name_of
-from .external_seeds import read_external_seeds
-from .seed_data import (
+from .cards import dataset_card_for_shard, model_name_of
+from .external_seeds import ExternalSeedSettings, read_external_seeds
+from .format import (
     BANK_DIR,
     SEEDS_DIR,
     Rollout,
@@ -49,11 +46,44 @@ from .seed_data import (
     write_bank_file,
     write_shard,
 )
+from .hub import SeedHubPusher
 
 logger = logging.getLogger(__name__)
 HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
 CHECKPOINT_POINTER = "seed_snapshot.json"
 SHARD_IDENTITY = ("file", "step", "rows", "sha256")  # what a checkpoint pointer and the manifest must agree on
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """What a `SeedStore` reads of the run's config, built once by the trainer (`StoreSettings.of`)."""
+
+    output_dir: str
+    snapshot_steps: int | None = None
+    success_threshold: float = 0.0
+    card_license: str | None = None
+    trained_model_id: str | None = None  # the Hub model repo the dataset card links to (None: not pushed)
+    hub_dataset_id: str | None = None  # where shards are pushed (None: not pushed)
+    hub_private: bool | None = None
+    hub_token: str | None = None
+    sampling: dict = field(default_factory=dict)  # how the run samples, written into every shard's metadata
+    external: ExternalSeedSettings = field(default_factory=ExternalSeedSettings)
+
+    @classmethod
+    def of(cls, config, use_vllm: bool = False) -> StoreSettings:
+        """The store's settings from `config` (a `SeedGRPOConfig`)."""
+        return cls(
+            output_dir=str(config.output_dir),
+            snapshot_steps=config.seed_snapshot_steps,
+            success_threshold=config.success_threshold,
+            card_license=config.card_license,
+            trained_model_id=config.hub_model_id if config.push_to_hub else None,
+            hub_dataset_id=config.hub_seed_dataset_id if config.push_seeds_to_hub else None,
+            hub_private=config.hub_private_repo if config.hub_seeds_private is None else config.hub_seeds_private,
+            hub_token=config.hub_token,
+            sampling=sampling_settings(config, use_vllm),
+            external=ExternalSeedSettings.of(config),
+        )
 
 
 def sampling_settings(args, use_vllm: bool) -> dict:
@@ -127,23 +157,24 @@ class SeedStore:
 
     The trainer owns it and hands it rollouts; `SeedSnapshotCallback` tells it when to write. All ranks hold the
     same bank; only the main process writes files and pushes to the Hub. Settings come from the run's
-    `SeedGRPOConfig`; `seed_dataset` is read and checked here, at construction.
+    `StoreSettings`; `seed_dataset` is read and checked here, at construction.
     """
 
     def __init__(
         self,
-        args,
+        settings: StoreSettings,
         accelerator,
         model,
         tokenizer,
         reward_names: list[str],
         success_reward: str | None = None,
         metrics: dict | None = None,
-        use_vllm: bool = False,
         train_dataset=None,
         reward_funcs=(),
     ):
-        self.output_dir = Path(args.output_dir)
+        if not isinstance(settings, StoreSettings):  # a `SeedGRPOConfig`, as earlier releases took
+            settings = StoreSettings.of(settings)
+        self.output_dir = Path(settings.output_dir)
         self.accelerator = accelerator
         self.model_name = model_name_of(model)
         self.tokenizer_fp, self.reward_names = tokenizer_fingerprint(tokenizer), list(reward_names)
@@ -151,7 +182,7 @@ class SeedStore:
         self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
         # `seed_dataset`: another run's seeds or any traces (text seeds are re-tokenised, see `external_seeds.py`)
         external = read_external_seeds(
-            args,
+            settings.external,
             tokenizer,
             self.tokenizer_fp,
             train_dataset,
@@ -163,13 +194,13 @@ class SeedStore:
         self.external_seeds = external.table if external is not None else None
         self.external_provenance = external.provenance if external is not None else None
         self.text_cuts = external.text_cuts if external is not None else {}  # rollout id -> where it may be cut
-        self.sampling = sampling_settings(args, use_vllm)  # written into every shard's metadata
+        self.sampling = settings.sampling  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
-        self.card_license = args.card_license
-        self.trained_model_id = args.hub_model_id if args.push_to_hub else None
-        self.hub_dataset_id = args.hub_seed_dataset_id if args.push_seeds_to_hub else None
-        self.success = (success_reward, args.success_threshold)
-        self.snapshot_steps = args.seed_snapshot_steps
+        self.card_license = settings.card_license
+        self.trained_model_id = settings.trained_model_id
+        self.hub_dataset_id = settings.hub_dataset_id
+        self.success = (success_reward, settings.success_threshold)
+        self.snapshot_steps = settings.snapshot_steps
         # What else a checkpoint must keep for a resumed run to plan as the uninterrupted one (the planner's
         # statistics): `checkpoint_state()` is written into each checkpoint pointer, read back as `resumed_state`.
         self.checkpoint_state = dict
@@ -184,10 +215,7 @@ class SeedStore:
         self.unsnapshotted: list[pa.Table] = []
         self.pusher = None
         if self.hub_dataset_id is not None and accelerator.is_main_process:
-            from .hub import SeedHubPusher
-
-            private = args.hub_private_repo if args.hub_seeds_private is None else args.hub_seeds_private
-            self.pusher = SeedHubPusher(self.hub_dataset_id, token=args.hub_token, private=private)
+            self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
             self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
 
     @property
@@ -366,7 +394,6 @@ class SeedStore:
         return path
 
     def dataset_card(self, shard: Path, dataset_id: str, local: bool):
-        from .cards import dataset_card_for_shard
 
         return dataset_card_for_shard(
             shard, dataset_id, license=self.card_license, trained_model_id=self.trained_model_id, local=local
@@ -493,51 +520,3 @@ class SeedSnapshotCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self.store.write_snapshot(state.global_step, final=True)
         self.store.finish_pushes()
-
-
-class SaveOnInterrupt(TrainerCallback):
-    """On Ctrl-C, finishes the current step, saves a checkpoint (and its seed shard) and stops; a second Ctrl-C aborts.
-
-    The save goes through `SeedGRPOTrainer._save_checkpoint` like any other, which writes the seed shard first. Set
-    `accelerator` to the trainer's once it exists: with several processes the flag then goes through
-    `Accelerator.set_trigger`/`check_trigger` at every step end, so that all ranks save the same step.
-    """
-
-    def __init__(self):
-        self.interrupted = False
-        self.accelerator = None
-        self._signalled = False
-        self._previous = None
-
-    def _handle(self, signum, frame):
-        self._signalled = True
-        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-        print(
-            "\nInterrupted: saving a checkpoint and its seed snapshot at the end of this step (Ctrl-C again aborts).",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if os.name == "posix" and hasattr(signal, "SIGINT"):
-            with contextlib.suppress(ValueError):  # not the main thread: leave Ctrl-C alone
-                self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        interrupted = self._signalled
-        if self.accelerator is not None and self.accelerator.num_processes > 1:
-            # Ranks may see the signal at different steps: every rank asks at every step, and saves where one did.
-            if interrupted:
-                self.accelerator.set_trigger()
-            interrupted = self.accelerator.check_trigger()
-        if interrupted:
-            self.interrupted = True
-            control.should_save = True
-            control.should_training_stop = True
-        return control
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self._previous is not None:
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGINT, self._previous)
-            self._previous = None

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from datasets import Dataset
+from datasets import Dataset, load_dataset, load_from_disk
+from huggingface_hub import constants
+
+from ..store.format import prompt_id_of
 
 MATH_PROMPT_COLUMNS = ("problem", "question", "prompt", "instruction", "query")
 MATH_ANSWER_COLUMNS = ("answer", "final_answer", "gold", "solution")  # a short final answer beats a worked solution
@@ -15,12 +17,6 @@ CODE_PROMPT_COLUMNS = ("prompt", "text", "question", "question_content", "proble
 # In order of preference; each is turned into a `tests` string by `_tests_of`.
 CODE_TESTS_COLUMNS = ("tests", "test_list", "test", "input_output", "public_test_cases", "public_tests")
 DATA_EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-
-
-def prompt_id_of(prompt: str | list[dict]) -> str:
-    """Stable id of a prompt: 16 hex chars of the sha1 of its text, or of its canonical JSON for chat messages."""
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
 def gsm8k_final_answer(answer: str) -> str:
@@ -133,7 +129,6 @@ def to_prompt_dataset(
 
 def read_local(path: str, split: str = "train"):
     """A local `.jsonl`/`.json`/`.parquet`/`.csv`/`.arrow` file, a folder of them, or a `save_to_disk` folder."""
-    from datasets import load_dataset, load_from_disk
 
     source = Path(path).expanduser()
     if not source.exists():
@@ -153,8 +148,6 @@ def read_local(path: str, split: str = "train"):
 
 def read_hub(name: str, config: str | None = None, split: str = "train", streaming: bool = False):
     """A split of a Hub dataset, with one-line errors for a missing split and for "not found" or "offline"."""
-    from datasets import load_dataset
-    from huggingface_hub import constants
 
     try:
         return load_dataset(name, config, split=split, streaming=streaming)

@@ -1,0 +1,114 @@
+"""The package's layers, read from the code's own imports (docs/architecture.md draws them): no import reaches up a
+floor, no module imports itself through a circle, and an import made inside a function says why (`# lazy:`)."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ts_trl"
+# docs/architecture.md, "Layers": a module may import its own subpackage or a lower floor.
+FLOORS = {
+    "method": 1,
+    "rewards": 1,
+    "tiny": 1,
+    "resources": 1,
+    "store": 2,
+    "trainer": 3,
+    "embedded": 4,
+    "cli": 5,
+    "analysis": 6,
+    "__main__": 7,
+    "__init__": 7,  # the public names, exported lazily from every floor
+}
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        ".".join(("ts_trl", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, ast.AST, bool]]:
+    """The ts_trl modules `name` imports: (target, node, made inside a function)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                if target.startswith("ts_trl"):
+                    for alias in child.names:  # `from . import x` may name a module
+                        candidate = f"{target}.{alias.name}"
+                        found.append((candidate if candidate in MODULES else target, child, inside))
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, child, inside) for a in child.names if a.name.startswith("ts_trl"))
+            visit(child, inside)
+
+    visit(tree, False)
+    return found
+
+
+def _floor(module: str) -> tuple[str, int]:
+    part = module.split(".")[1] if "." in module else "__init__"
+    return part, FLOORS[part]
+
+
+MODULES = _modules()
+
+
+def test_every_module_has_a_floor():
+    assert not [m for m in MODULES if _floor(m)[0] not in FLOORS]
+
+
+def test_no_import_reaches_up_a_floor():
+    upward = []
+    for name, path in MODULES.items():
+        room, floor = _floor(name)
+        for target, node, _ in _imports(name, path):
+            target_room, target_floor = _floor(target)
+            if target_room != room and target_floor >= floor:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {target}")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_circle_among_module_level_imports():
+    graph = {
+        name: {t for t, _, lazy in _imports(name, path) if not lazy and t in MODULES and t != name}
+        for name, path in MODULES.items()
+    }
+    state, circles = {}, []
+
+    def walk(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                walk(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert not circles, "\n".join(circles)
+
+
+def test_an_import_inside_a_function_says_why():
+    unexplained = []
+    for path in MODULES.values():
+        lines = path.read_text().splitlines()
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and "# lazy:" not in lines[node.lineno - 1]:
+                    unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {lines[node.lineno - 1]}")
+    assert not unexplained, "\n".join(unexplained)

@@ -1,0 +1,127 @@
+"""What a training run checks and fixes in its surroundings before it starts: the output folder, the model source,
+the CPU/DeepSpeed environment, one-line errors, and the command that resumes a run."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+from huggingface_hub import constants, try_to_load_from_cache
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..store.format import SEEDS_DIR, SeedManifest
+from ..store.seed_store import check_resume_checkpoint
+from ..trainer.collectives import is_deepspeed
+
+
+class ConfigError(ValueError):
+    """Bad input found before training: printed as one line, exit status 2."""
+
+
+def cpu_only() -> bool:
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
+
+
+def skip_deepspeed_shm_build() -> None:
+    """Under DeepSpeed on CPU with one process, skips the JIT build of DeepSpeed's shared-memory all-reduce kernel.
+
+    DeepSpeed compiles that C++ op when its communication backend starts, even for a single process, where there is
+    nothing to reduce; with `DS_BUILD_OPS=0` that is minutes of compiling, and needs a compiler. Nothing else changes.
+    """
+    if not is_deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
+        return
+    if torch.cuda.is_available():
+        return
+    with contextlib.suppress(ImportError):
+        # import_module, not `import deepspeed.comm.torch as`: that attribute of deepspeed.comm is torch itself
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def check_output_dir(training_args) -> None:
+    """One rule for a folder that holds another run: continue it with resume_from_checkpoint, or use a new folder.
+
+    Checkpoints and seeds are one run: a new run into a folder that has either would mix them (a later resume would
+    find another run's checkpoints, or shards moved aside), so it is refused before anything is loaded or written.
+    """
+    output_dir = Path(training_args.output_dir)
+    if training_args.resume_from_checkpoint:
+        check_resume_checkpoint(training_args.resume_from_checkpoint, output_dir)
+        return
+    if not output_dir.is_dir():
+        return
+    last = get_last_checkpoint(str(output_dir))
+    if last is None and not SeedManifest.path(output_dir / SEEDS_DIR).is_file():
+        return
+    held = f"checkpoints up to {Path(last).name}" if last else "a seed dataset (seeds/manifest.json)"
+    resume = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <its checkpoint>"
+    raise ConfigError(
+        f"--output_dir {output_dir} holds an earlier run ({held}). Continue it with {resume}, or start a new run in "
+        "another --output_dir (or move the folder away)."
+    )
+
+
+def check_model_source(name: str) -> None:
+    """Fails early and clearly on a local model path that does not exist, or a Hub id not cached when offline."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--model_name_or_path {name}: the folder has no config.json; it is not a saved model.")
+        return
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    if looks_local:
+        raise ConfigError(f"--model_name_or_path {name}: no such local folder.")
+    if constants.HF_HUB_OFFLINE:
+        cached = try_to_load_from_cache(name, "config.json")
+        if not isinstance(cached, str):
+            raise ConfigError(
+                f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. "
+                f"Download it first (`hf download {name}`) or unset HF_HUB_OFFLINE."
+            )
+
+
+@contextlib.contextmanager
+def fail_clearly(prog: str | None = None):
+    """Turns bad input found before training into one line on stderr and exit status 2 (no traceback)."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError, ImportError, OSError) as error:
+        message = " ".join(str(error).split())
+        print(f"{prog or program_name()}: error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def program_name() -> str:
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "ts_trl train"
+
+
+def resume_command(checkpoint: str | None) -> str:
+    """The command line that continues this run from `checkpoint`: the one that started it, plus the checkpoint.
+
+    Under `accelerate launch` the worker's own argv lacks the launcher's options, so the launcher's command line is
+    read from the parent process where the system shows it (Linux); elsewhere it is this process's.
+    """
+    argv = [Path(sys.executable).name, *sys.argv]
+    if os.environ.get("ACCELERATE_CONFIG_DS_FIELDS") is not None or "LOCAL_RANK" in os.environ:
+        with contextlib.suppress(OSError):
+            parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+            parent = [part.decode() for part in parent if part]
+            if any("accelerate" in part for part in parent):
+                argv = ["accelerate", "launch", *parent[parent.index("launch") + 1 :]] if "launch" in parent else argv
+    if argv[0].startswith("python") and len(argv) > 1 and Path(argv[1]).name == "__main__.py":
+        argv = [argv[0], "-m", "ts_trl", *argv[2:]]  # `ts_trl train` runs through ts_trl/__main__.py
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume_from_checkpoint":
+            skip = True
+        elif not arg.startswith("--resume_from_checkpoint="):
+            kept.append(arg)
+    return shlex.join([*kept, "--resume_from_checkpoint", checkpoint or "<checkpoint>"])
