@@ -87,7 +87,7 @@ def rescue_reward(completions, prompts, **kwargs):
     return [0.0 if kind == 0 else 1.0 if kind == 2 else r for kind, r in zip(kinds, spread)]
 
 
-# The extension switches of docs/target-cuts.md, as the trainings that cover them turn them on.
+# The extension switches of research/target-cuts.md, as the trainings that cover them turn them on.
 TARGET_CUTS = dict(cut_selection="target", seed_trigger="zero_std", reward=rescue_reward)
 
 

@@ -89,7 +89,7 @@ def test_action_mode_runs_no_extra_forward_pass(make_trainer, tmp_path):
 
 
 def test_two_ranks_with_one_seeded_match_one_rank(tmp_path):
-    """Action and replay modes, and target cuts with rescue seeding (docs/target-cuts.md) in action and state mode,
+    """Action and replay modes, and target cuts with rescue seeding (research/target-cuts.md) in action and state mode,
     one prompt group per rank and seeds for one prompt only: every step runs the same collectives on both ranks (else
     gloo reports a collective mismatch), the losses equal one rank's, and so do the cuts and the planner's state."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]

@@ -71,7 +71,7 @@ def test_save_strategy_no_without_a_shard_cadence_is_refused(tmp_path):
 
 @pytest.mark.parametrize(
     "extension",
-    # docs/target-cuts.md: every prompt whose last plain group was all-equal ("Q: 2+3=" always passes) is seeded
+    # research/target-cuts.md: every prompt whose last plain group was all-equal ("Q: 2+3=" always passes) is seeded
     # from its second batch on, step 2; resumed from checkpoint-3, after continuations were counted
     [{}, dict(TARGET_CUTS, save_steps=1, seed_fraction=1.0, max_steps=5)],
     ids=["paper", "target-cuts"],

@@ -31,7 +31,7 @@ from tests.conftest import (
 SAMPLING = {
     "num_iterations=2": dict(num_iterations=2),
     "steps_per_generation=2": dict(steps_per_generation=2),
-    # With the switches of docs/target-cuts.md on, which change which groups are seeded and where they are cut.
+    # With the switches of research/target-cuts.md on, which change which groups are seeded and where they are cut.
     "gradient_accumulation_steps=2,target_cuts": dict(gradient_accumulation_steps=2, **TARGET_CUTS),
     "top_k=5,top_p=0.9,repetition_penalty=1.3": dict(top_k=5, top_p=0.9, repetition_penalty=1.3),
 }
@@ -124,7 +124,7 @@ def test_prefix_actions_train_under_every_loss(make_trainer, settings):
 )
 def test_continuous_batching_continues_seeds_within_their_budget(make_trainer, tokenizer, switches):
     """transformers' continuous batching (no forced prefixes) gets the spliced prompts and the budget they leave; also
-    with the cuts and the seeded groups chosen by the switches of docs/target-cuts.md, in action mode."""
+    with the cuts and the seeded groups chosen by the switches of research/target-cuts.md, in action mode."""
     # A paged cache the size of the batch: left to itself, transformers sizes it (and its attention mask) by the free
     # memory of the machine, and clearing that took 30 of this test's 40 s on CPU.
     cache = dict(num_blocks=16, max_batch_tokens=256)

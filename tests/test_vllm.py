@@ -94,7 +94,7 @@ def _check_rollouts(tokenizer, output_dir, requests, answers, settings) -> list[
 CASES = [
     pytest.param({"seed_fraction": 0.5, "prefix_mode": "state"}, id="seeded-state"),
     pytest.param({"seed_fraction": 1.0, "prefix_mode": "action"}, id="seeded-action"),
-    # With the switches of docs/target-cuts.md on (in server and colocate mode alike), in both prefix modes.
+    # With the switches of research/target-cuts.md on (in server and colocate mode alike), in both prefix modes.
     pytest.param({"seed_fraction": 1.0, "prefix_mode": "action", **TARGET_CUTS}, id="seeded-action-target-cuts"),
     pytest.param({"seed_fraction": 1.0, "prefix_mode": "state", **TARGET_CUTS}, id="seeded-state-target-cuts"),
     pytest.param({"seed_fraction": 0.0, "prefix_mode": "state"}, id="unseeded"),

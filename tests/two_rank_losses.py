@@ -22,7 +22,7 @@ PROMPTS = ["Q: 1+2=", "Q: 2+3="]  # seeds exist for the first prompt only
 MODES = {
     "action": dict(seed_method="seeds", prefix_mode="action"),
     "replay": dict(seed_method="replay"),
-    # docs/target-cuts.md: the first prompt always fails, so it is seeded (from its passed seed) from step 1 on
+    # research/target-cuts.md: the first prompt always fails, so it is seeded (from its passed seed) from step 1 on
     "target": dict(seed_method="seeds", prefix_mode="action", cut_selection="target", seed_trigger="zero_std"),
     "target-state": dict(seed_method="seeds", prefix_mode="state", cut_selection="target", seed_trigger="zero_std"),
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole exploratory run, two processes at a time (docs/explore-external-seeds.md).
+# The whole exploratory run, two processes at a time (research/explore-external-seeds.md).
 #   slot A: the stronger run (360 steps, seed 100) -> its traces -> seeded arms, seeds 0 and 1
 #   slot B: warm-model scores (seeds 0-2) -> on-policy arms, seeds 0-2 -> seeded arm, seed 2 (after the traces)
 set -euo pipefail

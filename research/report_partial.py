@@ -1,6 +1,6 @@
 """Rewrites a running or stopped `compare`'s tables and plot from the runs it has finished, into another folder.
 
-Usage: python experiments/report_partial.py COMPARE_DIR OUT_DIR
+Usage: python research/report_partial.py COMPARE_DIR OUT_DIR
 """
 
 import argparse

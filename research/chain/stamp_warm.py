@@ -4,7 +4,7 @@ Runs saved before `compare` fingerprinted the warm model carry no `warm_model` s
 writes the SHA-256 of the warm folder they were trained from into the copies' settings, so that a `compare` whose
 own warm start hashes the same reuses them (and one from another warm-up still retrains them).
 
-    python experiments/chain/stamp_warm.py FROM TO none start seeds-state
+    python research/chain/stamp_warm.py FROM TO none start seeds-state
 """
 
 import argparse

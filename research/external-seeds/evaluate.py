@@ -1,6 +1,6 @@
 """Held-out pass@1 and pass@8 of one model: 256 held-out chain prompts x 8 samples at temperature 1, 72 tokens.
 
-    python experiments/external-seeds/evaluate.py MODEL_DIR heldout.jsonl RNG_SEED OUT.json
+    python research/external-seeds/evaluate.py MODEL_DIR heldout.jsonl RNG_SEED OUT.json
 
 Sampling seed 1000 + RNG_SEED, batch 256: at a given RNG seed both arms (and the warm model) see the same sampling
 noise (common random numbers), as `ts_trl compare` does. No prefix: every sample starts from the prompt alone.

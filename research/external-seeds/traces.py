@@ -1,6 +1,6 @@
 """Samples the stronger run's final model on the training prompts and writes every sample as a plain-text trace.
 
-    python experiments/external-seeds/traces.py MODEL_DIR train.jsonl traces.jsonl [samples_per_prompt] [seed]
+    python research/external-seeds/traces.py MODEL_DIR train.jsonl traces.jsonl [samples_per_prompt] [seed]
 
 Each line is {"prompt": ..., "completion": ...}: text only (no token ids, no prompt_id, no reward), so a run that
 seeds from it reads it as a trace dataset: matched by prompt text, scored by its own reward (seed_filter="success"),

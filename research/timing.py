@@ -1,6 +1,6 @@
 """Where a compare run's time goes: s/step at 1 vs 2 torch threads, one held-out evaluation, warm-up.
 
-Usage: python experiments/timing.py [THREADS ...]  (default 1 2 1 2; prints one JSON line per measurement, with the
+Usage: python research/timing.py [THREADS ...]  (default 1 2 1 2; prints one JSON line per measurement, with the
 load average). Two copies started together with `1` show what `compare --jobs 2` pays per run.
 """
 

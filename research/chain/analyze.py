@@ -1,10 +1,10 @@
-"""The pre-registered analysis of the chain-task comparison (docs/prereg-chain.md), from `ts_trl compare`'s CSVs.
+"""The pre-registered analysis of the chain-task comparison (research/prereg-chain.md), from `ts_trl compare`'s CSVs.
 
-    python experiments/chain/analyze.py calibration experiments/chain/cal-3e-4 experiments/chain/cal-1e-3 ...
-    python experiments/chain/analyze.py main experiments/chain/main [--complete-seeds]
-    python experiments/chain/analyze.py explore FOLDER [FOLDER ...]
+    python research/chain/analyze.py calibration research/chain/cal-3e-4 research/chain/cal-1e-3 ...
+    python research/chain/analyze.py main research/chain/main [--complete-seeds]
+    python research/chain/analyze.py explore FOLDER [FOLDER ...]
 
-`explore` reads the exploratory arms of docs/target-cuts.md (`seeds-state-target`, `seeds-state-rescue`) beside the
+`explore` reads the exploratory arms of research/target-cuts.md (`seeds-state-target`, `seeds-state-rescue`) beside the
 main run's `none` and `seeds-state` from several `compare` folders (a run found in two folders is the same run, copied),
 keeps the RNG seeds whose four arms all finished and reports the mechanism (seeded minus plain all-equal share), the
 comparisons with `none` as `compare` assesses them (pass@1 at equal steps, then its secondaries Holm-corrected within

@@ -1,6 +1,6 @@
 """Per-seed table and the paired t interval of seeded - on-policy held-out pass@1 (and pass@8) at equal steps.
 
-    python experiments/external-seeds/analyze.py
+    python research/external-seeds/analyze.py
 
 Reads results/*.json (evaluate.py + train_one.sh) and each seeded run's metrics.jsonl; writes summary.csv,
 summary.json and prints a markdown table.

@@ -1,7 +1,7 @@
 """Testbed search for the embedded task: on-policy GRPO (seed_method="none") on an embedded-task variant, held-out pass@1 curve.
 
 Chooses the embedded default by the on-policy target alone (no seeded method is run here). One torch thread per run.
-Usage: python experiments/testbed.py --lr 3e-4 --steps 200 --n-train 512 --min-difficulty 1 --difficulty 3 --seed 0
+Usage: python research/testbed.py --lr 3e-4 --steps 200 --n-train 512 --min-difficulty 1 --difficulty 3 --seed 0
 """
 
 import argparse
