@@ -22,7 +22,7 @@ FAST = {"backoff": 0.05, "max_backoff": 0.2}
 
 
 def write_run(run_dir, steps, rows_per_shard=4):
-    """Seed shards and a manifest laid out as a training run writes them (the contract of `ts_trl.snapshots`)."""
+    """Seed shards and a manifest laid out as a training run writes them (the contract of `ts_trl.store.seed_store`)."""
     seeds_dir = run_dir / "seeds"
     seeds_dir.mkdir(parents=True, exist_ok=True)
     shards = []

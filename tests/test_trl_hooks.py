@@ -1,5 +1,5 @@
 """Fails loudly when a GRPOTrainer hook that SeedGRPOTrainer overrides, or any other TRL / transformers internal it
-reads, writes or patches (`ts_trl.trl_internals`), disappears, changes its signature or stops working as relied on."""
+reads, writes or patches (`ts_trl.trainer.trl_internals`), disappears, changes its signature or stops working as relied on."""
 
 import inspect
 
@@ -46,7 +46,7 @@ EXPECTED = {
 def test_hook_exists_with_expected_signature(hook):
     assert hasattr(GRPOTrainer, hook), (
         f"trl.GRPOTrainer.{hook} is gone; SeedGRPOTrainer overrides it. Pin trl to the range in pyproject.toml or "
-        "port ts_trl/trainer.py to the new hook."
+        "port ts_trl/trainer/seed_grpo_trainer.py to the new hook."
     )
     params = list(inspect.signature(getattr(GRPOTrainer, hook)).parameters)
     expected = EXPECTED[hook]

@@ -73,7 +73,7 @@ METHODS = {
     "seeds-state-success": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "success"},
     "seeds-state-failure": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "failure"},
     "seeds-state-passrate": {"seed_method": "seeds", "prefix_mode": "state", "seed_selection": "passrate"},
-    # Extensions beside the paper's method (docs/target-cuts.md): cuts aimed at a pass rate, seeding all-equal groups.
+    # Extensions beside the paper's method (research/target-cuts.md): cuts aimed at a pass rate, seeding all-equal groups.
     "seeds-state-target": {"seed_method": "seeds", "prefix_mode": "state", "cut_selection": "target"},
     "seeds-state-rescue": {"seed_method": "seeds", "prefix_mode": "state", "seed_trigger": "zero_std"},
 }
@@ -109,13 +109,13 @@ class Budget:
     n_probe: int
 
 
-# The embedded default's task and training settings (ts_trl/script.py EMBEDDED_DEFAULTS): same warm-up (hence the same
+# The embedded default's task and training settings (ts_trl/cli/arguments.py EMBEDDED_DEFAULTS): same warm-up (hence the same
 # cache), 32 groups of 8 per step, the same training prompts and learning rate. Held-out: 8 samples for pass@8.
 FULL = Budget(300, 1024, 128, 32, 8, 32, 8, 50, 600, 5, 64)
 QUICK = Budget(40, 1024, 64, 32, 8, 32, 8, 20, 600, 2, 32)
 DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
 # The chain task (ts_trl.embedded.chain), sized so that 4 methods x 5 RNG seeds fit in 45 minutes on 2 shared cores;
-# docs/prereg-chain.md fixes these values, the learning rate by on-policy calibration and the cut range by
+# research/prereg-chain.md fixes these values, the learning rate by on-policy calibration and the cut range by
 # `ts_trl probe-cuts` on the warm model.
 CHAIN_FULL = Budget(60, 192, 256, 16, 8, 72, 8, 30, 700, 5, 64)
 CHAIN_QUICK = Budget(10, 64, 32, 8, 8, 72, 8, 5, 700, 2, 16)
@@ -176,7 +176,7 @@ def budget_from(args) -> Budget:
             if value is None:
                 raise InputError(
                     f"--task {args.task} has no default --{name.replace('_', '-')} (none passed calibration: "
-                    "docs/results-chain.md); give one."
+                    "research/results-chain.md); give one."
                 )
             setattr(args, name, value)
     names = ("steps", "n_train", "prompts_per_step", "n_eval", "eval_samples", "eval_every", "warmup_steps")

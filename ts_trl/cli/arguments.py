@@ -25,7 +25,7 @@ EMBEDDED_DEFAULTS = {
     "output_dir": "runs/embedded",
     "use_cpu": True,
     "seed": 0,
-    # Chosen by on-policy GRPO's held-out gain alone (docs/results-add.md, "How the task and budget were chosen"):
+    # Chosen by on-policy GRPO's held-out gain alone (research/results-add.md, "How the task and budget were chosen"):
     # with 8 prompts per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose.
     "learning_rate": 1e-4,
     "lr_scheduler_type": "constant",
@@ -35,7 +35,7 @@ EMBEDDED_DEFAULTS = {
     "temperature": 1.0,
     "beta": 0.0,
     "activation_checkpointing": False,  # the tiny model fits easily; recomputing its forward pass only costs time
-    "max_steps": 300,  # the seeded main job still gains from 200 to 300 (docs/results-add.md)
+    "max_steps": 300,  # the seeded main job still gains from 200 to 300 (research/results-add.md)
     "save_steps": 20,
     "logging_steps": 5,
     "report_to": "none",

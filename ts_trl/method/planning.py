@@ -5,7 +5,7 @@ and this module turns them into a `GroupPlan` (the same on every rank, since eve
 generator) and into per-prompt pass rates. Unit-tested in tests/test_planning.py with a hand-filled `SeedBank`;
 the settings it reads are one `PlannerSettings`, built once by the trainer from its config.
 
-Two switches beside the paper's method live here too (docs/target-cuts.md): `cut_selection="target"` (`CutOutcomes`:
+Two switches beside the paper's method live here too (research/target-cuts.md): `cut_selection="target"` (`CutOutcomes`:
 the ratio bin whose estimated continuation pass rate is nearest a target) and `seed_trigger="zero_std"` (seed only
 prompts whose last plain group was all-equal). Their statistics are part of `GroupPlanner.state()`.
 """
@@ -24,7 +24,7 @@ from .selection import EXTERNAL_STEP, Seed
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate"), mean reward, cut counts
 TARGET_RATIO_BINS = 4  # equal-width bins of [cut_ratio_min, cut_ratio_max] that cut_selection="target" picks among
-CUT_PRIOR_STRENGTH = 2.0  # pseudo-continuations of the Beta prior of a bin's pass rate (docs/target-cuts.md)
+CUT_PRIOR_STRENGTH = 2.0  # pseudo-continuations of the Beta prior of a bin's pass rate (research/target-cuts.md)
 
 
 @dataclass(frozen=True, eq=False)

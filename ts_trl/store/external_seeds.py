@@ -10,7 +10,7 @@ only the traces this run's success reward scores as successful are kept.
 
 The result is computed once at construction and cached in `<output_dir>/external_seeds/` (the bank columns, the cut
 positions and where the seeds came from), so a resumed run reads back exactly the same seeds without recomputing.
-The one format owner stays `seed_data.py`; this module only turns foreign data into rows of its schema.
+The one format owner stays `format.py`; this module only turns foreign data into rows of its schema.
 """
 
 from __future__ import annotations

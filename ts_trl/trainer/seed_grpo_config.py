@@ -42,7 +42,7 @@ class SeedGRPOConfig(GRPOConfig):
             Upper bound of the length ratio `r ~ U[cut_ratio_min, cut_ratio_max]`.
         cut_selection (`str`, *optional*, defaults to `"ratio"`):
             `"ratio"`: `r ~ U[cut_ratio_min, cut_ratio_max]` (the method). `"target"` (an extension, see
-            docs/target-cuts.md): per seeded group, the ratio bin whose estimated continuation pass rate is closest to
+            research/target-cuts.md): per seeded group, the ratio bin whose estimated continuation pass rate is closest to
             `target_pass_rate`, from the run's earlier continuations of that prompt and seed outcome; uniform where
             nothing is known yet.
         target_pass_rate (`float`, *optional*, defaults to `0.5`):
@@ -256,7 +256,7 @@ class SeedGRPOConfig(GRPOConfig):
             )
 
     def _validate_extensions(self) -> None:
-        """`cut_selection` and `seed_trigger` (docs/target-cuts.md): bad values and combinations, one line each."""
+        """`cut_selection` and `seed_trigger` (research/target-cuts.md): bad values and combinations, one line each."""
         if self.cut_selection not in CUT_SELECTIONS:
             raise ValueError(f"cut_selection must be one of {CUT_SELECTIONS}, got {self.cut_selection!r}.")
         if self.seed_trigger not in SEED_TRIGGERS:
