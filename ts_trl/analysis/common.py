@@ -261,6 +261,8 @@ def sample_continuations(
     `offsets[i] + t` (`offsets` defaults to 0) from the uniform number that `rng_seed`, `streams[i]` and that position
     fix, by inverting the cumulative distribution. The same context, stream and offset then give the same tokens under
     the same model, in any batch or call, and the same stream under two models gives them the same random numbers.
+
+    Long: one batched sampling loop (left-pad, budgets, EOS, progress) that reads best whole.
     """
 
     eos = tokenizer.eos_token_id

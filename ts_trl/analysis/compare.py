@@ -469,7 +469,10 @@ def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step
 
 
 def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, evaluate):
-    """Trains one method at one RNG seed; returns its result row, its curve points and its per-prompt scores."""
+    """Trains one method at one RNG seed; returns its result row, its curve points and its per-prompt scores.
+
+    Long: one run's setup, read top to bottom: task, model, config, trainer, curve, result row.
+    """
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
     train_set, _ = _task(args).make_splits(budget.n_train, budget.n_eval)

@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    """Runs `ts_trl positions` on `argv`; returns its rows.
+
+    Long: the command's linear script (parse, check, load, measure, write), as TRL's scripts are.
+    """
     args = build_parser().parse_args(argv)
     if args.buckets < 1 or args.max_rollouts < 1:
         raise InputError("--buckets and --max_rollouts must be positive.")

@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget: int) -> list[dict]:
-    """One record per group: kind (plain / seeded), ratio, the seed's own reward, passes and the group size."""
+    """One record per group: kind (plain / seeded), ratio, the seed's own reward, passes and the group size.
+
+    Long: one sampling pass whose plain and seeded groups share every step; split, they would drift apart.
+    """
 
     reward = task_spec(args.task).reward
     eos = [tokenizer.eos_token_id]

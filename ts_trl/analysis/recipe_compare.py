@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> list[dict]:
+    """Runs `ts_trl compare --config RECIPE` on `argv`; returns the result rows.
+
+    Long: the command's linear script (parse, arms, runs, evaluation, report), as TRL's scripts are.
+    """
     args, passed_on = build_parser().parse_known_args(argv)
     args.methods = [BASELINE] + [m for m in dict.fromkeys(args.methods) if m != BASELINE]
     for name in ("num_seeds", "eval_samples", "n_probe", "eval_batch_size") + (("n_eval",) if args.n_eval else ()):

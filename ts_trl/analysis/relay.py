@@ -57,6 +57,7 @@ FALLBACK_SAMPLING = Sampling(temperature=1.0, max_completion_length=64)  # for r
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of `ts_trl relay`. Long: one flag per line."""
     parser = argparse.ArgumentParser(prog="ts_trl relay", description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint_a", required=True, help="Folder of the checkpoint that starts the solution.")
     parser.add_argument("--checkpoint_b", required=True, help="Folder of the checkpoint that finishes it.")
@@ -322,6 +323,8 @@ def summarize(samples: list[dict], ratios: list[float], rng_seed: int = 0) -> li
 
     The flat baselines are repeated at every r. A difference is averaged over (prompt, sample) pairs; its interval
     resamples prompts.
+
+    Long: one table's columns, computed in the order they are printed.
     """
     summary = []
     alone = {

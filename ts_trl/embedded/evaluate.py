@@ -32,6 +32,8 @@ def sample_rewards(
     and is deterministic given `seed` and `batch_size`. `reward_fn` gets the completions and, like in TRL, every
     dataset column as a keyword; a `None` reward (cannot score) counts as a failure. `num_threads` is torch's thread
     count while generating (`None`: leave it).
+
+    Long: one batched generation loop with its threads, seeds and progress, read best whole.
     """
     rows = [row for row in dataset for _ in range(num_samples)]
     was_training, padding_side = model.training, tokenizer.padding_side

@@ -54,6 +54,8 @@ def warm_up(
     `~/.cache/ts_trl`) in a folder named by a hash of every setting and of the initial weights; a later call with the
     same inputs loads it into `model` instead of training. `num_threads` is torch's thread count while training
     (`None`: leave it); it is not part of the cache key.
+
+    Long: the cache's read, check, train and atomic write, in the order a run needs them.
     """
     settings = {
         "version": CACHE_VERSION,
