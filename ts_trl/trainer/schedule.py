@@ -211,12 +211,13 @@ def schedule_of(args, num_prompts: int, num_processes: int) -> SeedingSchedule |
     )
 
 
-def check_seeding(args, train_dataset) -> SeedingSchedule | None:
+def check_seeding(args, train_dataset, refuse: bool = True) -> SeedingSchedule | None:
     """Refuses a run whose number of epochs cannot seed, warns when seeding starts late or not within `max_steps`.
 
     Plain GRPO (`seed_method="none"` or `seed_fraction=0`), a `seed_dataset` (its seeds are eligible at once) and a
-    dataset without a length are not checked. A run cut short by `max_steps` (a smoke test, most often) is warned
-    about rather than refused.
+    dataset without a length are not checked. A run cut short by `max_steps` (a smoke test, most often), or one whose
+    settings nobody chose (`refuse=False`: the trainer was given no `args`, as `GRPOTrainer` allows), is warned about
+    rather than refused.
     """
     if args.seed_method == "none" or args.seed_fraction == 0 or train_dataset is None:
         return None
@@ -229,7 +230,7 @@ def check_seeding(args, train_dataset) -> SeedingSchedule | None:
         return schedule
     if schedule.first_seeded_step is None:
         message = f"seed_method={args.seed_method!r} would train plain GRPO: {schedule.describe()}"
-        if args.max_steps <= 0:
+        if args.max_steps <= 0 and refuse:
             raise ValueError(message)
     elif schedule.late:
         message = f"Seeding starts late, after {LATE_SHARE:.0%} of the run: {schedule.describe()}"

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import gather_object
+from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOTrainer
 
 from ..method.cutting import SeedSplicer, boundary_token_ids
@@ -80,15 +81,23 @@ class SeedGRPOTrainer(GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: SeedGRPOConfig | None = None, train_dataset=None, **kwargs):
+        chosen = args is not None  # without `args`, GRPOTrainer's drop-in defaults: warned about, never refused
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path or "model"
-            args = SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds")
+            # GRPOConfig's bf16 default needs an accelerator; on a machine without one the defaults train on CPU in
+            # float32 (as `ts_trl train` does) rather than fail where the user chose nothing.
+            on_cpu = (
+                {} if torch.cuda.is_available() or is_torch_bf16_gpu_available() else {"use_cpu": True, "bf16": False}
+            )
+            args = SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds", **on_cpu)
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         share_process_group_with_deepspeed()
         # An adapter of a model built in memory must name a base that can be loaded: it is saved in output_dir.
         save_base_for_adapter(model, kwargs.get("processing_class"), args.output_dir, kwargs.get("peft_config"))
-        schedule = check_seeding(args, train_dataset)  # before any model or vLLM work: a run that cannot seed stops
+        schedule = check_seeding(
+            args, train_dataset, refuse=chosen
+        )  # before any model or vLLM work: a run that cannot seed stops
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusals below.
         with loadable_by_path(model, needed=args.beta != 0.0), trl_notices_hidden():
