@@ -1,11 +1,19 @@
 """The quick start as a new user meets it: the drop-in swap with no `args`, as TRL's own `test_init_minimal` builds
 `GRPOTrainer`, constructs and trains."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from datasets import Dataset
 
 from ts_trl import SeedGRPOTrainer
+from ts_trl.analysis.common import run_command
 from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _saved_tiny_model(folder):
@@ -34,3 +42,34 @@ def test_init_minimal_with_the_swap_constructs_and_trains(tmp_path, monkeypatch)
     trainer.train()
     assert trainer.state.global_step > 0 and "train_loss" in trainer.state.log_history[-1]
     assert any(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+
+
+def _threads_under_accelerate(tmp_path, omp: str | None) -> str:
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "from ts_trl.embedded.cpu import embedded_training_threads\nprint(embedded_training_threads())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    config = ROOT / "accelerate_configs" / "cpu.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), str(script)],
+        capture_output=True, text=True, env=env, timeout=300, check=True,
+    )  # fmt: skip
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_the_readme_accelerate_command_trains_the_embedded_default_on_one_thread(tmp_path):
+    """accelerate sets OMP_NUM_THREADS for its CPU workers by itself; only the user's own setting is followed."""
+    assert _threads_under_accelerate(tmp_path, None) == "1"
+    assert _threads_under_accelerate(tmp_path, "2") == "None"  # the user's: torch follows OMP_NUM_THREADS
+
+
+def test_analysis_commands_run_on_one_thread(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    torch.set_num_threads(2)
+    assert run_command(lambda argv: seen.append(torch.get_num_threads())) == 0
+    assert seen == [1] and torch.get_num_threads() == 2  # put back afterwards

@@ -26,6 +26,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from ..embedded.cpu import torch_threads, user_set_threads
 from ..embedded.tasks import make_task
 from ..store.format import SAMPLING_METADATA_KEY, SEEDS_DIR, SeedManifest, prompt_id_of
 from ..tiny import load_tokenizer
@@ -36,9 +37,12 @@ class InputError(ValueError):
 
 
 def run_command(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> int:
-    """Runs a command's `main`, turning an `InputError` into one `error:` line on stderr and exit status 2."""
+    """Runs a command's `main` on one torch thread (unless the user set `OMP_NUM_THREADS`: the analyses' models are
+    small, and a second thread only waits on a busy machine), turning an `InputError` into one `error:` line on stderr
+    and exit status 2."""
     try:
-        main(argv)
+        with torch_threads(None if user_set_threads() else 1):
+            main(argv)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
