@@ -1,14 +1,24 @@
 """The quick start as a new user meets it: the drop-in swap with no `args`, as TRL's own `test_init_minimal` builds
 `GRPOTrainer`, constructs and trains."""
 
+import fcntl
+import json
 import os
+import pty
+import re
+import select
+import shlex
+import signal
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 
+from tests.conftest import EMBEDDED_TINY
 from ts_trl import SeedGRPOTrainer
 from ts_trl.analysis.common import run_command
 from ts_trl.tiny import build_tiny_model, build_tokenizer
@@ -73,3 +83,81 @@ def test_analysis_commands_run_on_one_thread(monkeypatch):
     torch.set_num_threads(2)
     assert run_command(lambda argv: seen.append(torch.get_num_threads())) == 0
     assert seen == [1] and torch.get_num_threads() == 2  # put back afterwards
+
+
+def _run_in_a_terminal(command: list[str], env: dict, then: bytes | int, timeout: float = 300) -> tuple[int, str]:
+    """Runs `command` on a pseudo-terminal of its own, as a user's shell would; once a training step is logged,
+    types `then` (b"\\x03" is Ctrl-C: the terminal signals its foreground process group) or sends that signal."""
+    master, slave = pty.openpty()
+
+    def own_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    process = subprocess.Popen(
+        command, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=env, preexec_fn=own_terminal
+    )
+    os.close(slave)
+    output, sent, deadline = b"", False, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the terminal closed: every process of the job is gone
+                    break
+                output += data
+            elif process.poll() is not None:
+                break
+            if not sent and re.search(rb"step \d+/\d+ +loss", output):
+                os.write(master, then) if isinstance(then, bytes) else os.kill(process.pid, then)
+                sent = True
+        status = process.wait(30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        os.close(master)
+    assert sent, output.decode(errors="replace")[-3000:]
+    return status, output.decode(errors="replace").replace("\r\n", "\n")
+
+
+def _embedded_env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return {**env, "TS_TRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+EMBEDDED_RUN = [*EMBEDDED_TINY, "--max_steps", "200", "--save_steps", "100", "--logging_steps", "1"]
+
+
+def test_ctrl_c_under_the_readme_accelerate_command_saves_exits_130_and_prints_that_command(tmp_path):
+    """The README's own command in a terminal, and Ctrl-C: accelerate's launcher gets the signal too, and would stop
+    its worker within seconds; the checkpoint is saved, the command exits 130 without a traceback, and the resume
+    command printed is the accelerate one."""
+    output_dir = tmp_path / "run"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    command = [*launch, "train.py", "--output_dir", str(output_dir), *EMBEDDED_RUN]
+    status, output = _run_in_a_terminal(command, _embedded_env(tmp_path), then=b"\x03")
+    assert status == 130, output[-3000:]
+    assert "Traceback" not in output and "Interrupted: saving a checkpoint" in output
+    step = json.loads((output_dir / "report.json").read_text())["steps"]
+    assert (output_dir / f"checkpoint-{step}" / "seed_snapshot.json").is_file()
+    printed = shlex.split(output.split("Resume with:\n", 1)[1].splitlines()[0])
+    assert printed[:4] == ["accelerate", "launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    assert printed[4] == "train.py" and printed[-2:] == [
+        "--resume_from_checkpoint",
+        str(output_dir / f"checkpoint-{step}"),
+    ]
+
+
+def test_sigterm_saves_like_the_first_ctrl_c_and_exits_143(tmp_path):
+    """What Slurm and Kubernetes send before they kill a job: a checkpoint and its shard, then exit 143."""
+    output_dir = tmp_path / "run"
+    command = [sys.executable, "train.py", "--output_dir", str(output_dir), *EMBEDDED_RUN]
+    status, output = _run_in_a_terminal(command, _embedded_env(tmp_path), then=signal.SIGTERM)
+    assert status == 143, output[-3000:]
+    assert "SIGTERM received: saving a checkpoint" in output and "Traceback" not in output
+    report = json.loads((output_dir / "report.json").read_text())
+    pointer = json.loads((output_dir / f"checkpoint-{report['steps']}" / "seed_snapshot.json").read_text())
+    assert pointer["step"] == report["steps"]
+    assert report["held_out_pass@1_after"] is None  # the held-out evaluation waits for the resumed run

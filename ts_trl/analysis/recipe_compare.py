@@ -244,7 +244,7 @@ def _run_arm(args, passed_on, method: str, seed: int, out: Path, scorer: Scorer,
     script_args, training_args, model_args = _arm_args(args, passed_on, method, seed, run_dir, last)
     started = time.time()
     # Through the module, so that the run is the script's `main` as it stands (tests watch it).
-    if training_script.main(script_args, training_args, model_args) == training_script.INTERRUPTED_STATUS:
+    if training_script.main(script_args, training_args, model_args) in training_script.INTERRUPTED_STATUSES:
         return None
     wall = time.time() - started
     _free_accelerator_memory()

@@ -108,12 +108,14 @@ def resume_command(checkpoint: str | None) -> str:
     read from the parent process where the system shows it (Linux); elsewhere it is this process's.
     """
     argv = [Path(sys.executable).name, *sys.argv]
-    if os.environ.get("ACCELERATE_CONFIG_DS_FIELDS") is not None or "LOCAL_RANK" in os.environ:
-        with contextlib.suppress(OSError):
-            parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
-            parent = [part.decode() for part in parent if part]
-            if any("accelerate" in part for part in parent):
-                argv = ["accelerate", "launch", *parent[parent.index("launch") + 1 :]] if "launch" in parent else argv
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        parent = [part.decode() for part in Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0") if part]
+        # `accelerate launch ...` or `python -m accelerate.commands.launch ...` (torchrun's agent runs in the launcher)
+        launch = [
+            i for i, part in enumerate(parent) if part == "launch" or part.endswith("accelerate.commands.launch")
+        ]
+        if launch and any("accelerate" in part for part in parent[: launch[0] + 1]):
+            argv = ["accelerate", "launch", *parent[launch[0] + 1 :]]
     if argv[0].startswith("python") and len(argv) > 1 and Path(argv[1]).name == "__main__.py":
         argv = [argv[0], "-m", "ts_trl", *argv[2:]]  # `ts_trl train` runs through ts_trl/__main__.py
     kept, skip = [], False

@@ -29,8 +29,8 @@ from .environment import ConfigError, check_model_source, fail_clearly, program_
 from .interrupt import SaveOnInterrupt
 from .report import held_out_pass_at_1, report_run
 
-# The exit status of a run stopped by Ctrl-C once its checkpoint is safe (128 + SIGINT, what shells report).
-INTERRUPTED_STATUS = 130
+# The exit status of a run stopped by Ctrl-C or SIGTERM once its checkpoint is safe (128 + the signal, as shells report).
+INTERRUPTED_STATUSES = (130, 143)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def save_and_push(trainer, script_args, metrics: dict) -> ConnectionError | None
 
 
 def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
-    """Trains with Thinking Seeds; returns 0, or `INTERRUPTED_STATUS` after a Ctrl-C once the checkpoint is saved.
+    """Trains with Thinking Seeds; returns 0, or 130 (Ctrl-C) or 143 (SIGTERM) once the checkpoint of an interrupted run is saved.
 
     Bad input found before training is one line on stderr and `SystemExit(2)`.
     """
@@ -171,7 +171,8 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     before = held_out_pass_at_1(trainer, held_out, samples) if embedded else None
     with torch_threads(embedded_training_threads() if embedded else None):
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    after = held_out_pass_at_1(trainer, held_out, samples) if embedded else None
+    # An interrupted run stops now: its report says where it stopped, the held-out score waits for the resumed run.
+    after = held_out_pass_at_1(trainer, held_out, samples) if embedded and not interrupt.interrupted else None
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
     push_error = save_and_push(trainer, script_args, metrics)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)
@@ -181,7 +182,9 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
             f"Interrupted at step {report['steps']}; the checkpoint and its seed shard are saved. Resume with:\n"
             f"  {resume_command(report['last_checkpoint'])}"
         )
-        return INTERRUPTED_STATUS
+        interrupt.finish()
+        return interrupt.exit_status
+    interrupt.finish()
     if push_error is not None:
         print(f"{program_name()}: error: {push_error}", file=sys.stderr, flush=True)
         return 1
