@@ -365,6 +365,7 @@ def test_everything_above_again_as_an_unprivileged_user():
     pytest_args = [
         sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--basetemp={scratch / 'pytest'}",
         str(CHECKOUT / "tests" / "test_sandbox.py"), str(CHECKOUT / "tests" / "test_rewards.py"),
+        str(CHECKOUT / "tests" / "test_sandbox_attacks.py"),
         "-k", "(code or sandbox) and not humaneval",  # HumanEval's 328 runs once, as root, keep the suite short
     ]  # fmt: skip
     as_user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *pytest_args]
@@ -470,11 +471,8 @@ def test_program_has_only_its_own_descriptors():
 
 def test_judge_home_cwd_and_tmp_are_not_the_programs():
     program = "import os\nfor name in ('planted', '/tmp/planted'):\n    open(name, 'w').write('x')\n" + CORRECT_ADD
-    # A Python runtime that lives under /tmp (a virtual environment in /tmp/...) is bound into the program's /tmp, and
-    # the judge then shares that /tmp: a literal "/tmp" in a test names the program's files (docs/sandbox.md, "What is
-    # not isolated"). The judge's own cwd, HOME and TMPDIR stay private either way.
-    runtime_under_tmp = any(Path(p).resolve().is_relative_to("/tmp") for p in (sys.prefix, sys.base_prefix))
-    folders = "os.getcwd(), os.path.expanduser('~'), tempfile.gettempdir()" + ("" if runtime_under_tmp else ", '/tmp'")
+    # The judge's /tmp is its own even when the runtime lives under /tmp (tests/test_sandbox_attacks.py reruns there).
+    folders = "os.getcwd(), os.path.expanduser('~'), tempfile.gettempdir(), '/tmp'"
     tests = (
         ADD_TESTS + "\nimport os, tempfile\nassert not any(os.path.exists(os.path.join(folder, 'planted')) for folder "
         f"in ({folders}))"

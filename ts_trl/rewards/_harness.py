@@ -96,16 +96,26 @@ def _build_root(root, expose, uid, tmp_mb):
     _mount(None, "/", flags=MS_REC | MS_PRIVATE)  # nothing done here propagates back to the host
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
     # The private /tmp first: a runtime that lives under /tmp (a virtual environment in /tmp/...) is bound on top of it.
+    # nr_inodes caps the kernel memory its files and directories hold (inodes lie outside RLIMIT_AS and, on tmpfs, count
+    # against no size=); extended attributes, the other such store, are refused by seccomp.
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    for path, size in (("/tmp", tmp_mb), (JUDGE_DIR, 16)):
+    for path, size, inodes in (("/tmp", tmp_mb, max(1024, 64 * tmp_mb)), (JUDGE_DIR, 16, 4096)):
         os.makedirs(root + path)
-        _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={size}m{owner}")
+        _mount(
+            "tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={size}m,nr_inodes={inodes}{owner}"
+        )
     for path in expose:
         if os.path.islink(path):  # /lib -> usr/lib on merged-/usr systems
             os.symlink(os.readlink(path), root + path)
             continue
         os.makedirs(root + path, exist_ok=True)
         _bind_read_only(path, root + path)
+        if path.startswith("/tmp/"):
+            # A runtime under /tmp sits in the program's /tmp, where the program can rename the folders above it and
+            # plant modules at its old path. The judge's /tmp is /judge (see `_start_judge`): the runtime is bound
+            # there too, at the same path, in folders the program never sees.
+            os.makedirs(root + JUDGE_DIR + path[len("/tmp") :])
+            _bind_read_only(path, root + JUDGE_DIR + path[len("/tmp") :])
     os.makedirs(root + "/dev")
     for name in DEVICES:
         open(f"{root}/dev/{name}", "w").close()
@@ -166,6 +176,15 @@ REFUSED_ALWAYS = {
     # New namespaces and mounts: nothing the program needs, and each is kernel attack surface.
     "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
     "userfaultfd": (323, 282), "perf_event_open": (298, 241), "bpf": (321, 280),
+    # The kernel log (a crash address, other runs' messages), and io_uring, whose requests no seccomp filter sees.
+    "syslog": (103, 116), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    # The page cache of the shared runtime as a rewritable memory across runs: calls that drop a file's pages
+    # (fadvise DONTNEED, process_madvise; madvise's COLD/PAGEOUT below), read them in without a read (readahead), or
+    # tell whether they are cached without touching them (mincore, cachestat, preadv2/pwritev2 with RWF_NOWAIT).
+    "fadvise64": (221, 223), "readahead": (187, 213), "mincore": (27, 232), "cachestat": (451, 451),
+    "preadv2": (327, 286), "pwritev2": (328, 287), "process_madvise": (440, 440),
+    # Extended attributes: on the program's tmpfs they are kernel memory outside memory_mb; no program needs them.
+    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "setxattrat": (463, 463),
 }  # fmt: skip
 # Refused only without a cgroup, where the memory limit is RLIMIT_AS of the one worker process: more processes, and
 # memory that is not in its address space (memfd files, SysV shared memory and message queues), would escape it.
@@ -174,6 +193,7 @@ REFUSED_WITHOUT_CGROUP = {
     "memfd_secret": (447, 447), "shmget": (29, 194), "msgget": (68, 186),
 }  # fmt: skip
 SYS_CLONE, SYS_FCNTL = {"x86_64": 56, "aarch64": 220}, {"x86_64": 72, "aarch64": 25}
+SYS_MADVISE, MADV_EVICTING = {"x86_64": 28, "aarch64": 233}, (20, 21)  # MADV_COLD, MADV_PAGEOUT: page-cache eviction
 CLONE_THREAD = 0x10000
 FCNTL_LOCKS = (6, 7, 36, 37, 38, 1024, 1026)  # F_SETLK, F_SETLKW, F_OFD_GETLK..SETLKW, F_SETLEASE, F_NOTIFY
 ENOSYS, EPERM, EAGAIN = 38, 1, 11
@@ -201,6 +221,10 @@ def _seccomp_filter(allow_processes):
     program += [(jeq, 0, 2 * len(FCNTL_LOCKS) + 2, SYS_FCNTL[machine]), (load, 0, 0, 24)]
     for command in FCNTL_LOCKS:
         program += [(jeq, 0, 1, command), (ret, 0, 0, errno(EPERM))]
+    program += [(ret, 0, 0, allow)]
+    program += [(jeq, 0, 2 * len(MADV_EVICTING) + 2, SYS_MADVISE[machine]), (load, 0, 0, 32)]
+    for advice in MADV_EVICTING:
+        program += [(jeq, 0, 1, advice), (ret, 0, 0, errno(EPERM))]
     program += [(ret, 0, 0, allow)]
     if not allow_processes:
         program += [(jeq, 0, 3, SYS_CLONE[machine]), (load, 0, 0, 16), (jset, 1, 0, CLONE_THREAD)]
@@ -411,13 +435,13 @@ def _start_worker(config, home, requests, replies):
 def _start_judge(config, units_fd, verdict_fd, requests, replies):
     home = "/"  # without a view of its own, "/" at least is not writable
     if config["root"]:
-        home = JUDGE_DIR
-        if not any(path == "/tmp" or path.startswith("/tmp/") for path in config["expose"]):
-            # Its own mount namespace, where /tmp is its private /judge: no path the judge may use, not even a literal
-            # /tmp in a test, holds the program's files. (A runtime under /tmp keeps the program's /tmp visible here.)
-            _check(_libc.unshare(CLONE_NEWNS), "unshare mount namespace")
-            _mount(JUDGE_DIR, "/tmp", flags=MS_BIND)
-            home = "/tmp"
+        # Its own mount namespace, where /tmp is its private /judge (with the runtime bound at its path when that lies
+        # under /tmp): no path the judge may use or import from, not even a literal /tmp in a test, holds the program's
+        # files. Its import path is the read-only runtime alone.
+        _check(_libc.unshare(CLONE_NEWNS), "unshare mount namespace")
+        _mount(JUDGE_DIR, "/tmp", flags=MS_BIND | MS_REC)
+        home = "/tmp"
+        sys.path[:] = config["judge_path"]
     _set_limits(config["limits"], config["limits"]["memory_mb"])
     _drop_privileges(config["uid"])
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace or /proc/<pid>/mem from a process without capabilities
@@ -458,7 +482,10 @@ def main():
     if uid is not None:
         _clear_user_keyrings(uid)  # before the run, so that a run killed before its own clean-up leaks nothing
     if config["root"]:
-        _build_root(config["root"], config["expose"], uid, config["limits"]["tmp_mb"])
+        exposed = config["expose"]
+        real = [os.path.realpath(path) for path in sys.path]
+        config["judge_path"] = [path for path in real if any(path == e or path.startswith(e + "/") for e in exposed)]
+        _build_root(config["root"], exposed, uid, config["limits"]["tmp_mb"])
         home = "/tmp"
     else:
         home = workdir

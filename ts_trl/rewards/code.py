@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -77,6 +78,81 @@ def split_test_units(tests: str, entry_point: str | None = None) -> list[tuple[s
     return [(tests, True)]
 
 
+def _prompt_text(prompt) -> str:
+    """The text of a prompt as TRL passes it: a string, or chat messages (their user turns, joined)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(
+            str(message.get("content") or "")
+            for message in prompt
+            if isinstance(message, dict) and message.get("role") == "user"
+        )
+    return ""
+
+
+def _prompt_code(text: str) -> list[ast.stmt]:
+    """The Python the prompt shows: the whole text, else its fenced blocks, else the text from the first line that
+    starts a definition or an import to the end (a HumanEval prompt behind a system prompt); [] if none parses."""
+    first = re.search(r"^(?:def |class |import |from |@)", text, re.MULTILINE)
+    for candidates in ([text], [body for _, body in fenced_blocks(text)], [text[first.start() :]] if first else []):
+        statements = []
+        for candidate in candidates:
+            try:
+                statements += ast.parse(candidate).body
+            except (SyntaxError, ValueError):
+                continue
+        if statements:
+            return statements
+    return []
+
+
+def _is_stub(node: ast.stmt) -> bool:
+    """A definition the model is asked to write: its body is only a docstring, `pass` or `...`."""
+    return all(
+        isinstance(statement, ast.Pass)
+        or (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant))
+        for statement in node.body
+    )
+
+
+def _called_by_check(tests: str) -> set[str]:
+    """Names the tests pass to `check(...)`: the entry points of a HumanEval-style script without the column."""
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError:
+        return set()
+    return {
+        argument.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "check"
+        for argument in node.args
+        if isinstance(argument, ast.Name)
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def trusted_helpers(prompt_text: str, tests: str, entry_point: str | None = None) -> str:
+    """The helpers that come with the prompt, as source for the judge: its imports and every function or class it
+    defines in full (HumanEval/32's `poly`, /38's `encode_cyclic`), leaving out the entry point and the stubs the model
+    must fill. The prompt is the dataset's, trusted like the tests: the tests call these definitions, never the
+    program's (a program redefining `poly` to return 0 would otherwise pass)."""
+    excluded = _called_by_check(tests) | ({entry_point} if entry_point else set())
+    kept = [
+        node
+        for node in _prompt_code(prompt_text)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        or (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.name not in excluded
+            and not _is_stub(node)
+        )
+    ]
+    if not any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in kept):
+        return ""  # imports alone change nothing the tests see
+    return "\n".join(ast.unparse(node) for node in kept)
+
+
 def parse_tests(tests) -> dict | str:
     """A stdin/stdout case dict `{"inputs": [...], "outputs": [...]}` (given as a dict or JSON), else assert code."""
     if isinstance(tests, str) and tests.lstrip().startswith("{"):
@@ -116,10 +192,12 @@ def _score_stdio(program: str, cases: dict, binary: bool, limits, isolation) -> 
     return passed / len(inputs)
 
 
-def _score_asserts(program: str, tests: str, entry_point, binary: bool, limits, isolation) -> float:
+def _score_asserts(program: str, tests: str, entry_point, helpers: str, binary: bool, limits, isolation) -> float:
     from .sandbox import run_in_sandbox  # lazy: start-up time of reward workers that score math only
 
     units = split_test_units(tests, entry_point)
+    if helpers:  # set up before the tests, over the program's names: the tests call the prompt's own helpers
+        units.insert(0, (helpers, False))
     test_indices = {index for index, (_, is_test) in enumerate(units) if is_test}
     result = run_in_sandbox(isolation, program, units, "", limits)
     if not result.ok or result.passed_units is None:
@@ -141,7 +219,7 @@ def get_code_reward(
         raise ValueError(f"mode must be 'fraction' or 'binary', got {mode!r}")
     workers = max_workers or os.cpu_count() or 1
 
-    def score(completion, tests, entry_point, limits, isolation) -> float | None:
+    def score(completion, tests, entry_point, prompt, limits, isolation) -> float | None:
         program = extract_program(completion_text(completion))
         try:
             program.encode("utf-8")
@@ -152,17 +230,20 @@ def get_code_reward(
             return _score_stdio(program, cases, mode == "binary", limits, isolation)
         if not isinstance(cases, str) or not cases.strip():
             return None  # no tests: cannot score
-        return _score_asserts(program, cases, entry_point, mode == "binary", limits, isolation)
+        helpers = trusted_helpers(_prompt_text(prompt), cases, entry_point)
+        return _score_asserts(program, cases, entry_point, helpers, mode == "binary", limits, isolation)
 
-    def code_reward(completions, tests, entry_point=None, **kwargs) -> list[float | None]:
+    def code_reward(completions, tests, entry_point=None, prompts=None, **kwargs) -> list[float | None]:
         from .sandbox import Limits, detect_isolation  # lazy: as above
 
         limits = Limits(timeout=timeout, memory_mb=memory_mb, max_processes=max_processes)
         isolation = detect_isolation()
-        entry_points = entry_point if entry_point is not None else [None] * len(completions)
-        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(completions)))) as pool:
-            n = len(completions)
-            return list(pool.map(score, completions, tests, entry_points, [limits] * n, [isolation] * n))
+        n = len(completions)
+        entry_points = entry_point if entry_point is not None else [None] * n
+        # TRL passes the prompts; the helpers they define are trusted, and the tests call those (`trusted_helpers`).
+        prompts = prompts if prompts is not None else [None] * n
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, n))) as pool:
+            return list(pool.map(score, completions, tests, entry_points, prompts, [limits] * n, [isolation] * n))
 
     code_reward.__name__ = code_reward.__qualname__ = "code_reward" if mode == "fraction" else "binary_code_reward"
     return code_reward
