@@ -305,3 +305,11 @@ def test_attacks_again_with_the_runtime_in_a_venv_under_tmp():
     assert done.returncode == 0, report
     assert " passed" in done.stdout and " failed" not in done.stdout, report
     print(json.dumps(done.stdout.splitlines()[-1]))
+
+
+def test_no_helper_is_trusted_without_a_known_entry_point():
+    """A prompt may show a full, buggy version of the function to fix: without an entry point (column or `check(fn)`)
+    none of its definitions replaces the program's."""
+    prompt = "Fix this function:\n```python\ndef add(a, b):\n    return a - b\n```"
+    assert reward([_fenced(CORRECT_ADD)], [ADD_TESTS], prompts=[prompt]) == [1.0]
+    assert reward([_fenced(CORRECT_ADD)], [ADD_TESTS], entry_point=["add"], prompts=[prompt]) == [1.0]

@@ -134,10 +134,12 @@ def _called_by_check(tests: str) -> set[str]:
 @functools.lru_cache(maxsize=4096)
 def trusted_helpers(prompt_text: str, tests: str, entry_point: str | None = None) -> str:
     """The helpers that come with the prompt, as source for the judge: its imports and every function or class it
-    defines in full (HumanEval/32's `poly`, /38's `encode_cyclic`), leaving out the entry point and the stubs the model
-    must fill. The prompt is the dataset's, trusted like the tests: the tests call these definitions, never the
+    defines in full (HumanEval/32's `poly`, /38's `encode_cyclic`), leaving out the entry point (the `entry_point` column
+    or what the tests pass to `check`; none is trusted without one) and the stubs the model must fill. The prompt is the dataset's, trusted like the tests: the tests call these definitions, never the
     program's (a program redefining `poly` to return 0 would otherwise pass)."""
     excluded = _called_by_check(tests) | ({entry_point} if entry_point else set())
+    if not excluded:
+        return ""  # without a known entry point, a full definition in the prompt may be the one to fix: trust none
     kept = [
         node
         for node in _prompt_code(prompt_text)
