@@ -14,8 +14,11 @@
 # inside its interpreter (frames, gc, patched builtins/json/os/sys.modules, ctypes writes) touches the judge's.
 # - The judge never imports, runs or reads anything the program can name, reach or write: a module the program
 #   imported is mapped to the judge's own import only when it is on the fixed `JUDGE_MODULES` list; the judge's working
-#   directory, HOME and TMPDIR are a private tmpfs (/judge) that the worker's mount namespace does not have; its
-#   `sys.path` is the read-only runtime.
+#   directory, HOME, TMPDIR and /tmp are a private tmpfs (/judge) that the worker's mount namespace does not have; a
+#   runtime under /tmp is bound into it at its own path, so no folder on the judge's import path is the program's to
+#   create, rename or write; its `sys.path` is the read-only runtime alone.
+# - Helpers that come with the prompt (HumanEval/32's `poly`) are trusted code: `code.trusted_helpers` hands them to
+#   the judge as setup, over the program's names, so the tests never call the program's version.
 # - The worker is a fresh interpreter (exec), so its memory holds neither the tests nor the keeper's configuration
 #   (which names the verdict descriptor); the verdict and tests descriptors are close-on-exec and closed in the worker,
 #   which keeps only stdin/stdout/stderr and its two pipes (3: requests, 4: replies).

@@ -4,7 +4,7 @@
 # - `unshare`: new mount, network (loopback only, down), pid, IPC and UTS namespaces, as root or inside a user
 #   namespace; SysV and POSIX IPC objects die with the run;
 # - a filesystem of its own (with a mount namespace): a fresh tmpfs root holding only the Python runtime and the
-#   system libraries read-only, a private size-capped /tmp as its working directory and /dev/{null,zero,urandom};
+#   system libraries read-only, a private size- and inode-capped /tmp as its working directory, /dev/{null,zero,urandom};
 #   no home, no project checkout, no caches, no /proc (see `_harness._build_root`);
 # - a throwaway uid per concurrent run (as root), which makes RLIMIT_NPROC bite;
 # - a cgroup per run (memory and pids) where this process may make one, else a single-process program (below);
@@ -14,7 +14,8 @@
 # - a judge: the tests run in a separate interpreter that talks to the program's only in plain data, and only the
 #   judge can report a verdict (see `_harness.py` for why that is sound).
 # docs/sandbox.md says what each layer stops, and what none does, as measured.
-# bubblewrap does the same namespace work; it is not used, so that one code path runs, and is tested, everywhere.
+# bubblewrap or nsjail would do the namespace work; neither installs with pip (a system package, which CI and users
+# would have to add), so the layers are built here, on `unshare` from util-linux, and tested everywhere the same way.
 
 from __future__ import annotations
 
