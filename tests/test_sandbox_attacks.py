@@ -121,6 +121,9 @@ def test_an_int_over_4300_digits_crosses_the_boundary_both_ways():
     check_layout = "def check(candidate):\n    assert candidate() == 7 ** 6000\n\ncheck(big)\n"
     assert reward([_fenced(program)], [check_layout]) == [1.0]
     assert reward([_fenced(program.replace("7 ** 6000", "7 ** 5999"))], [tests]) == [0.75]
+    raises = "def check_big():\n    raise ValueError(7 ** 6000)\n"  # an exception whose str() fails
+    expects = "try:\n    check_big()\nexcept ValueError:\n    caught = True\nassert caught"
+    assert reward([_fenced(raises)], [expects]) == [1.0]
 
 
 # ---------------------------------------------------------------- 6 and 2. calls refused by seccomp
@@ -130,7 +133,7 @@ RAISE = (
     "    return result\n"
     "NR = {name: numbers[os.uname().machine == 'aarch64'] for name, numbers in {'syslog': (103, 116), "
     "'io_uring_setup': (425, 425), 'cachestat': (451, 451), 'process_madvise': (440, 440), 'mincore': (27, 232), "
-    "'readahead': (187, 213)}.items()}\n"
+    "'readahead': (187, 213), 'io_setup': (206, 0)}.items()}\n"
     "runtime = os.open(os.__file__, os.O_RDONLY)\n"
 )
 # Each: code that uses the call; the program scores 1 unless the call fails with the sandbox's refusal (ENOSYS, or
@@ -157,6 +160,7 @@ CALLS = {
         "raw(libc.syscall(NR['process_madvise'], pidfd, ctypes.create_string_buffer(16), 1, 21, 0))"
     ),
     "setxattr": "open('/tmp/own', 'w').close()\nos.setxattr('/tmp/own', 'user.note', b'x')",
+    "aio-io_setup": "raw(libc.syscall(NR['io_setup'], 1, ctypes.byref(ctypes.c_ulong(0))))",  # reads take RWF_NOWAIT
 }
 
 

@@ -179,8 +179,10 @@ REFUSED_ALWAYS = {
     # New namespaces and mounts: nothing the program needs, and each is kernel attack surface.
     "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
     "userfaultfd": (323, 282), "perf_event_open": (298, 241), "bpf": (321, 280),
-    # The kernel log (a crash address, other runs' messages), and io_uring, whose requests no seccomp filter sees.
+    # The kernel log (a crash address, other runs' messages); io_uring, whose requests no seccomp filter sees; Linux
+    # AIO, whose reads take RWF_NOWAIT (whether a page is cached, below).
     "syslog": (103, 116), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "io_setup": (206, 0), "io_submit": (209, 2),
     # The page cache of the shared runtime as a rewritable memory across runs: calls that drop a file's pages
     # (fadvise DONTNEED, process_madvise; madvise's COLD/PAGEOUT below), read them in without a read (readahead), or
     # tell whether they are cached without touching them (mincore, cachestat, preadv2/pwritev2 with RWF_NOWAIT).

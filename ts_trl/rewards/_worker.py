@@ -152,10 +152,18 @@ def run(program, tests_mode):
             args, kwargs = decode(request["args"]), decode(request["kwargs"])
             reply = to_json({"value": encode(namespace[request["name"]](*args, **kwargs))})
         except BaseException as error:  # SystemExit too: the judge decides what an exception in a test means
-            reply = to_json({"error": [type(error).__name__, str(error)[:1000]]})
+            reply = to_json({"error": [type(error).__name__, _message(error)]})
         sys.stdout.flush()
         send_frame(REPLIES, reply.encode())
     os._exit(0)
+
+
+def _message(error):
+    """The start of an exception's text; one whose `str` fails (an int over 4,300 digits in it) gives its type."""
+    try:
+        return str(error)[:1000]
+    except Exception:
+        return f"<{type(error).__name__} whose message cannot be shown>"
 
 
 def _quit(code=None):
