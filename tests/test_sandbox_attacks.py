@@ -71,6 +71,17 @@ def test_tests_call_the_prompts_own_helper_not_the_programs(chat):
     assert reward(completions, [check_layout] * 2, prompts=[prompt] * 2) == [1.0, 0.0]
 
 
+def test_tests_see_the_prompts_constants_too():
+    """A helper reads a constant of the prompt: the program's own value of it must not reach the judge's helper."""
+    prompt = "SHIFT = 3\n\n\ndef shift(text):\n    return ''.join(chr(ord(c) + SHIFT) for c in text)\n\n\n"
+    prompt += 'def unshift(text):\n    """Undo `shift`."""\n'
+    honest = prompt + "    return ''.join(chr(ord(c) - SHIFT) for c in text)\n"
+    cheat = "SHIFT = 0\n\n\ndef shift(text):\n    return text\n\n\ndef unshift(text):\n    return text\n"
+    tests = "assert unshift(shift('abc')) == 'abc'\nassert unshift(shift('xyz')) == 'xyz'"
+    scores = reward([_fenced(honest), _fenced(cheat)], [tests] * 2, entry_point=["unshift"] * 2, prompts=[prompt] * 2)
+    assert scores == [1.0, 0.0]
+
+
 # Each HumanEval problem whose prompt ships a helper the tests call, with a program that redefines the helper so that a
 # wrong answer passes against its own definition.
 HELPER_ATTACKS = {

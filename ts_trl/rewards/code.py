@@ -116,6 +116,15 @@ def _is_stub(node: ast.stmt) -> bool:
     )
 
 
+def _is_literal(node: ast.expr | None) -> bool:
+    """A constant, or a container of constants: it runs nothing when the judge defines it."""
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return node is not None
+
+
 def _called_by_check(tests: str) -> set[str]:
     """Names the tests pass to `check(...)`: the entry points of a HumanEval-style script without the column."""
     try:
@@ -133,8 +142,8 @@ def _called_by_check(tests: str) -> set[str]:
 
 @functools.lru_cache(maxsize=4096)
 def trusted_helpers(prompt_text: str, tests: str, entry_point: str | None = None) -> str:
-    """The helpers that come with the prompt, as source for the judge: its imports and every function or class it
-    defines in full (HumanEval/32's `poly`, /38's `encode_cyclic`), leaving out the entry point (the `entry_point` column
+    """The helpers that come with the prompt, as source for the judge: its imports, its constants and every function or
+    class it defines in full (HumanEval/32's `poly`, /38's `encode_cyclic`), leaving out the entry point (the `entry_point` column
     or what the tests pass to `check`; none is trusted without one) and the stubs the model must fill. The prompt is the dataset's, trusted like the tests: the tests call these definitions, never the
     program's (a program redefining `poly` to return 0 would otherwise pass)."""
     excluded = _called_by_check(tests) | ({entry_point} if entry_point else set())
@@ -144,6 +153,7 @@ def trusted_helpers(prompt_text: str, tests: str, entry_point: str | None = None
         node
         for node in _prompt_code(prompt_text)
         if isinstance(node, (ast.Import, ast.ImportFrom))
+        or (isinstance(node, (ast.Assign, ast.AnnAssign)) and _is_literal(node.value))  # a constant a helper reads
         or (
             isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             and node.name not in excluded
