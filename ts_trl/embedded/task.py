@@ -161,6 +161,12 @@ class EmbeddedTask:
         """One valid solution with a uniformly random order of the operands (cheaper than `solutions` for many)."""
         return worked_solution(rng.sample(problem.operands, len(problem.operands)))
 
+    def warm_up_example(self, tokenizer, problem: Problem, rng: random.Random):
+        """The warm-up's prompt ids, target ids and labels of one problem: the whole solution and EOS are trained."""
+        solution = tokenizer(self.sample_solution(problem, rng), add_special_tokens=False)["input_ids"]
+        solution.append(tokenizer.eos_token_id)
+        return tokenizer(problem.prompt, add_special_tokens=False)["input_ids"], solution, solution
+
 
 def parse_answer(completion: str) -> str | None:
     """The integer after the first "####", or None where there is none."""

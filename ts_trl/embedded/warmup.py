@@ -118,21 +118,17 @@ def _train(model, tokenizer, task, steps, batch_size, learning_rate, warmup_rati
 
 
 def _batch(tokenizer, task: EmbeddedTask, rng: random.Random, batch_size: int) -> dict[str, torch.Tensor]:
-    """Right-padded "prompt + solution + <eos>" sequences with labels only on the solution and EOS."""
-    sequences = []
-    for _ in range(batch_size):
-        problem = task.sample_problem(rng)
-        prompt_ids = tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]
-        solution_ids = tokenizer(task.sample_solution(problem, rng), add_special_tokens=False)["input_ids"]
-        sequences.append((prompt_ids, solution_ids + [tokenizer.eos_token_id]))
-    length = max(len(prompt) + len(solution) for prompt, solution in sequences)
+    """Right-padded "prompt + solution + <eos>" sequences with labels on what the task trains (`warm_up_example`:
+    the solution and EOS; an agent task's model turns only)."""
+    sequences = [task.warm_up_example(tokenizer, task.sample_problem(rng), rng) for _ in range(batch_size)]
+    length = max(len(prompt) + len(solution) for prompt, solution, _ in sequences)
     input_ids = torch.full((batch_size, length), tokenizer.pad_token_id)
     labels = torch.full((batch_size, length), -100)
     attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
-    for row, (prompt, solution) in enumerate(sequences):
+    for row, (prompt, solution, targets) in enumerate(sequences):
         ids = prompt + solution
         input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, len(prompt) : len(ids)] = torch.tensor(solution)
+        labels[row, len(prompt) : len(ids)] = torch.tensor(targets)
         attention_mask[row, : len(ids)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
