@@ -1,5 +1,6 @@
 """The built-in agent tasks: markup TRL parses, a replayable register, and training through TRL's tool loop."""
 
+import json
 import random
 
 import pytest
@@ -128,3 +129,20 @@ def test_trains_through_trls_tool_loop(tool, warm, tmp_path):
     if tool == "register":
         assert "rewards/RegisterMachine/mean" in logged[0]
         assert any(env.added for env in environments)  # tool calls reached the environments' state
+
+
+def test_ts_trl_train_runs_an_agent_task(tmp_path, monkeypatch):
+    """`ts_trl train --task register` (plain rollouts until seeding supports tools): the environment reaches the
+    trainer, the tool loop runs, and held-out pass@1 is sampled through the tool loop."""
+    from ts_trl.cli.train import run
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    argv = ["--task", "register", "--seed_method", "none", "--max_steps", "2", "--per_device_train_batch_size", "16"]
+    argv += ["--embedded_warmup_steps", "30", "--embedded_eval_problems", "8", "--embedded_eval_samples", "2"]
+    assert run(argv + ["--output_dir", str(out), "--logging_steps", "1", "--disable_tqdm", "true"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["held_out_pass@1_before"] is not None and report["held_out_pass@1_after"] is not None
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(row.get("tools/call_frequency", 0) for row in logged) > 0
+    assert any("rewards/RegisterMachine/mean" in row for row in logged)

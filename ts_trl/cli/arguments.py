@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from ..embedded.tasks import task_named, task_spec
+from ..embedded.tasks import TASKS, task_named, task_spec
 from ..resources import packaged_file, packaged_folder
 from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
@@ -84,7 +84,9 @@ class SeedScriptArguments(ScriptArguments):
         task (`str`, *optional*, defaults to `"add"`):
             The built-in task: `add` (add 2-3 numbers), `chain` (4-6 digits whose wrong partial sums can be
             repaired, with a 3-layer model and a 72-token budget; `embedded_difficulty` does not apply) or
-            `chain-strict` (the same, scored by the whole chain). See docs/chain-task.md.
+            `chain-strict` (the same, scored by the whole chain). See docs/chain-task.md. The agent tasks add 2-3
+            numbers through tool calls: `calculator` (the tool `add(a, b)`) or `register` (an environment whose
+            `add(n)` and `read()` change a register); 400 warm-up steps, 96 tokens. See docs/agent-task.md.
         embedded_difficulty (`int`, *optional*, defaults to `2`):
             Most additions per problem of the built-in task: 3 numbers, the hard, sparse-reward slice (warm pass@1
             about 0.16 at temperature 1, against 0.45 for 2 numbers).
@@ -101,7 +103,7 @@ class SeedScriptArguments(ScriptArguments):
             Held-out pass@1 every this many steps for the learning curve (`learning_curve.png`; 0: start and end).
         embedded_warmup_steps (`int`, *optional*, defaults to `600`):
             Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given); 700 by
-            default with `--task chain` or `chain-strict`.
+            default with `--task chain` or `chain-strict`, 400 with `calculator` or `register`.
     """
 
     dataset_path: str | None = field(
@@ -121,7 +123,7 @@ class SeedScriptArguments(ScriptArguments):
     )
     task: str = field(
         default="add",
-        metadata={"help": "Built-in task: add, chain or chain-strict.", "choices": ["add", "chain", "chain-strict"]},
+        metadata={"help": "Built-in task: " + ", ".join(TASKS) + ".", "choices": list(TASKS)},
     )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})

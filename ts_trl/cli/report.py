@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..embedded import embedded_reward, pass_at_1
+from ..embedded.agent import AgentTask, agent_pass_at_1
 from ..store.format import SEEDS_DIR, SeedManifest
 
 # Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
@@ -26,23 +27,22 @@ MEAN_METRICS = (
 REPORT_FILE = "report.json"
 
 
-def held_out_pass_at_1(trainer, dataset, num_samples: int) -> float | None:
-    """Sampled pass@1 of the built-in task's held-out set at the training temperature (None when there is none)."""
+def held_out_pass_at_1(trainer, dataset, num_samples: int, task=None) -> float | None:
+    """Sampled pass@1 of the built-in task's held-out set at the training temperature (None when there is none);
+    an agent `task` is sampled through its tool loop."""
     if dataset is None or len(dataset) == 0 or not trainer.accelerator.is_main_process:
         return None
     if trainer.is_deepspeed_enabled:  # ZeRO-3 shards the weights: generate() outside the engine would see none
         return None
 
     model = trainer.accelerator.unwrap_model(trainer.model)
+    sampling = {"temperature": trainer.args.temperature, "num_samples": num_samples, "seed": trainer.args.seed}
+    if isinstance(task, AgentTask):
+        return agent_pass_at_1(
+            model, trainer.processing_class, dataset, task, trainer.args.max_completion_length, **sampling
+        )
     return pass_at_1(
-        model,
-        trainer.processing_class,
-        dataset,
-        embedded_reward,
-        max_new_tokens=trainer.args.max_completion_length,
-        temperature=trainer.args.temperature,
-        num_samples=num_samples,
-        seed=trainer.args.seed,
+        model, trainer.processing_class, dataset, embedded_reward, trainer.args.max_completion_length, **sampling
     )
 
 

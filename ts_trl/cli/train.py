@@ -37,7 +37,7 @@ INTERRUPTED_STATUSES = (130, 143)
 # Model
 
 
-def learning_curve(script_args, training_args, eval_dataset):
+def learning_curve(script_args, training_args, eval_dataset, task=None):
     """The embedded default's learning-curve callback (held-out pass@1 every `embedded_eval_every` steps)."""
     return LearningCurve(
         eval_dataset if eval_dataset is not None else [],
@@ -46,6 +46,7 @@ def learning_curve(script_args, training_args, eval_dataset):
         max_new_tokens=training_args.max_completion_length,
         temperature=training_args.temperature,
         seed=training_args.seed,
+        task=task,
     )
 
 
@@ -116,7 +117,7 @@ def build_trainer(script_args: SeedScriptArguments, training_args, model_args, t
     reward_funcs = get_reward_funcs(script_args.reward_funcs or ["embedded"])
     check_reward_columns(train_dataset, reward_funcs)
     interrupt = SaveOnInterrupt()
-    curve = learning_curve(script_args, training_args, eval_dataset) if embedded else None
+    curve = learning_curve(script_args, training_args, eval_dataset, task) if embedded else None
     trainer = SeedGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -129,6 +130,9 @@ def build_trainer(script_args: SeedScriptArguments, training_args, model_args, t
         # A Ctrl-C save is a checkpoint like any other, with its seed shard; the learning curve is the built-in
         # task's held-out pass@1 every few steps (learning_curve.png).
         callbacks=[interrupt] + ([curve] if curve else []),
+        # An agent task's tools (`calculator`) or environment (`register`); the other tasks have neither.
+        tools=getattr(task, "tools", None) or None,
+        environment_factory=getattr(task, "environment_factory", None),
     )
     interrupt.accelerator = trainer.accelerator
     if curve:
@@ -168,11 +172,11 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"
     )
     samples = script_args.embedded_eval_samples
-    before = held_out_pass_at_1(trainer, held_out, samples) if embedded else None
+    before = held_out_pass_at_1(trainer, held_out, samples, task) if embedded else None
     with torch_threads(embedded_training_threads() if embedded else None):
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # An interrupted run stops now: its report says where it stopped, the held-out score waits for the resumed run.
-    after = held_out_pass_at_1(trainer, held_out, samples) if embedded and not interrupt.interrupted else None
+    after = held_out_pass_at_1(trainer, held_out, samples, task) if embedded and not interrupt.interrupted else None
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
     push_error = save_and_push(trainer, script_args, metrics)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)

@@ -35,6 +35,7 @@ from datasets import Dataset
 from transformers.utils.chat_parsing import parse_response as parse_with_template
 
 from ts_trl.embedded.cpu import torch_threads
+from ts_trl.embedded.evaluate import pass_at_k
 from ts_trl.embedded.task import EmbeddedTask, Problem, parse_answer
 from ts_trl.tiny import build_tokenizer
 
@@ -254,9 +255,10 @@ def sample_agent_rewards(
     seed: int = 0,
     num_threads: int | None = 1,
 ) -> list[list[float]]:
-    """Runs the tool loop with Hugging Face `generate` like TRL's (ids concatenated, results masked from the budget
-    count only as TRL counts them: `max_new_tokens` bounds model and tool tokens together) and scores each rollout
-    with `agent_reward`, plus the register's `get_reward` for `register`. One list of rewards per prompt.
+    """Runs the tool loop with Hugging Face `generate` as TRL's does (ids concatenated, never re-tokenised;
+    `max_new_tokens` bounds model and tool tokens together; a tool result that would not fit ends the rollout) and
+    scores each rollout 1.0 when its answer is right (`agent_reward`) and, for `register`, every operand was added
+    once (`get_reward`), else 0.0. One list of rewards per prompt.
 
     Long: one batched multi-turn loop (generate, parse, call, append) that reads best whole.
     """
@@ -322,8 +324,13 @@ def sample_agent_rewards(
         [[{"role": "assistant", "content": "\n".join(t)}] for t in texts], [r["answer"] for r in rows]
     )
     if environments:
-        rewards = [text + env.get_reward() for text, env in zip(rewards, environments)]
+        rewards = [text * env.get_reward() for text, env in zip(rewards, environments)]
     return [rewards[index : index + num_samples] for index in range(0, len(rewards), num_samples)]
+
+
+def agent_pass_at_1(model, tokenizer, dataset: Dataset, task: AgentTask, max_new_tokens: int, **sampling) -> float:
+    """Sampled pass@1 of an agent task (`sample_agent_rewards`; `sampling`: temperature, num_samples, seed)."""
+    return pass_at_k(sample_agent_rewards(model, tokenizer, dataset, task, max_new_tokens, **sampling), 1)
 
 
 def _call(tools: dict, function: dict):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 
+from ts_trl.embedded.agent import AgentTask, agent_pass_at_1
 from ts_trl.embedded.evaluate import pass_at_1
 from ts_trl.embedded.task import embedded_reward
 from ts_trl.trainer.collectives import is_deepspeed
@@ -28,8 +29,10 @@ class LearningCurve(TrainerCallback):
     `eval_held_out_pass@1`, so that every `report_to` tracker, `log_history` and the console see it.
     """
 
-    def __init__(self, eval_set, every: int, num_samples: int, max_new_tokens: int, temperature: float, seed: int):
-        self.eval_set, self.every, self.num_samples = eval_set, every, num_samples
+    def __init__(
+        self, eval_set, every: int, num_samples: int, max_new_tokens: int, temperature: float, seed: int, task=None
+    ):
+        self.eval_set, self.every, self.num_samples, self.task = eval_set, every, num_samples, task
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.points: list[tuple[int, str, float]] = []
         self.log = None
@@ -51,16 +54,11 @@ class LearningCurve(TrainerCallback):
             return
         if any(step == state.global_step and kind == "held_out_pass@1" for step, kind, _ in self.points):
             return
-        value = pass_at_1(
-            model,
-            self.tokenizer,
-            self.eval_set,
-            embedded_reward,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            num_samples=self.num_samples,
-            seed=self.seed,
-        )
+        sampling = {"temperature": self.temperature, "num_samples": self.num_samples, "seed": self.seed}
+        if isinstance(self.task, AgentTask):  # sampled through the task's tool loop
+            value = agent_pass_at_1(model, self.tokenizer, self.eval_set, self.task, self.max_new_tokens, **sampling)
+        else:
+            value = pass_at_1(model, self.tokenizer, self.eval_set, embedded_reward, self.max_new_tokens, **sampling)
         self.points.append((state.global_step, "held_out_pass@1", value))
         if report and self.log is not None:
             self.log({PASS_AT_1_METRIC: value})

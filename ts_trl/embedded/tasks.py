@@ -1,4 +1,5 @@
-"""The built-in tasks by name: `add` (the default) and `chain`, with the model and budget each is sized for.
+"""The built-in tasks by name: `add` (the default), `chain` and the agent tasks `calculator` and `register`, with the
+model and budget each is sized for.
 
 `--task` on `ts_trl train`, `compare`, `probe-cuts`, `relay` and `positions` looks its name up here, so that every
 command builds the same problems, the same warm model (hence the same warm-up cache) and the same budget.
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ts_trl.embedded.agent import AGENT_TASKS, AgentTask, agent_reward, build_agent_tokenizer
 from ts_trl.embedded.chain import ChainTask, chain_reward
 from ts_trl.embedded.task import EmbeddedTask, embedded_reward
 from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS, build_warm_model
+from ts_trl.tiny import build_tokenizer
 
 DEFAULT_TASK = "add"
 
@@ -27,6 +30,29 @@ class TaskSpec:
     # Training defaults of `ts_trl train --task NAME` on top of the embedded default's (ts_trl.cli.train).
     train_defaults: dict = field(default_factory=dict)
     reward: Callable = embedded_reward
+    tokenizer: Callable = build_tokenizer  # builds the task's tokenizer (the agent tasks' renders tool calls)
+
+
+def _agent_spec(name: str) -> TaskSpec:
+    """An agent task: 400 warm-up steps (held-out pass@1 0.19 calculator, 0.34 register, 4 samples on 64 problems);
+    96 tokens hold every 3-operand trace with its tool results. Fewer, smaller steps than `add`: a rollout of 3-5
+    turns costs several generate calls. The training defaults are sized for run time, not tuned."""
+    return TaskSpec(
+        name,
+        DEFAULT_MODEL_KWARGS,
+        warmup_steps=400,
+        max_completion_length=96,
+        train_defaults={
+            "output_dir": f"runs/{name}",
+            "max_completion_length": 96,
+            "embedded_warmup_steps": 400,
+            "per_device_train_batch_size": 64,
+            "max_steps": 100,
+            "reward_funcs": ["ts_trl.embedded.agent:agent_reward"],
+        },
+        reward=agent_reward,
+        tokenizer=build_agent_tokenizer,
+    )
 
 
 TASKS = {
@@ -55,6 +81,7 @@ TASKS = {
         },
         reward=chain_reward,
     ),
+    **{name: _agent_spec(name) for name in AGENT_TASKS},
 }
 CHAIN_TASKS = ("chain", "chain-strict")
 
@@ -66,10 +93,13 @@ def task_spec(name: str) -> TaskSpec:
 
 
 def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_difficulty: int | None = 1):
-    """The task `name`; `difficulty` and `min_difficulty` shape the addition task only (the chain has 4-6 digits)."""
+    """The task `name`; `difficulty` and `min_difficulty` shape the addition and agent tasks (the chain has 4-6
+    digits)."""
     task_spec(name)
     if name in CHAIN_TASKS:
         return ChainTask(seed=seed)
+    if name in AGENT_TASKS:
+        return AgentTask(tool=name, difficulty=difficulty, min_difficulty=min_difficulty, seed=seed)
     return EmbeddedTask(difficulty=difficulty, min_difficulty=min_difficulty, seed=seed)
 
 
@@ -78,7 +108,8 @@ def build_task_model(name: str, task=None, warmup_steps: int | None = None, **wa
 
     spec = task_spec(name)
     steps = spec.warmup_steps if warmup_steps is None else warmup_steps
-    return build_warm_model(task or make_task(name), model_kwargs=spec.model_kwargs, steps=steps, **warm_up_kwargs)
+    task = task or make_task(name)
+    return build_warm_model(task, spec.model_kwargs, spec.tokenizer(), steps=steps, **warm_up_kwargs)
 
 
 def task_named(argv: list[str], recipe: dict) -> str:

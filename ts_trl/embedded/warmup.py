@@ -86,10 +86,12 @@ def warm_up(
     return model
 
 
-def build_warm_model(task: EmbeddedTask | None = None, model_kwargs: dict | None = None, **warm_up_kwargs):
-    """The embedded default's starting point: the character tokenizer and a tiny model (default-sized unless
-    `model_kwargs` says otherwise), warmed up."""
-    tokenizer = build_tokenizer()
+def build_warm_model(
+    task: EmbeddedTask | None = None, model_kwargs: dict | None = None, tokenizer=None, **warm_up_kwargs
+):
+    """The embedded default's starting point: the character tokenizer (or `tokenizer`, e.g. the agent tasks' with
+    tool markup) and a tiny model (default-sized unless `model_kwargs` says otherwise), warmed up."""
+    tokenizer = tokenizer or build_tokenizer()
     model = build_tiny_model(tokenizer, **(DEFAULT_MODEL_KWARGS if model_kwargs is None else model_kwargs))
     model = warm_up(model, tokenizer, task or EmbeddedTask(), **warm_up_kwargs)
     model.ts_trl_description = describe_tiny_model(model, "warmed up on the built-in task")
