@@ -146,3 +146,17 @@ def test_ts_trl_train_runs_an_agent_task(tmp_path, monkeypatch):
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(row.get("tools/call_frequency", 0) for row in logged) > 0
     assert any("rewards/RegisterMachine/mean" in row for row in logged)
+
+
+def test_compare_runs_on_an_agent_task(tmp_path, monkeypatch):
+    """`ts_trl compare --task calculator`: warm-up, probe, held-out scoring and a plain run through the tool loop."""
+    from ts_trl.analysis.compare import main
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    argv = ["--task", "calculator", "--quick", "--methods", "none", "--num-seeds", "1", "--steps", "2"]
+    argv += ["--warmup-steps", "30", "--n-eval", "8", "--eval-samples", "8", "--n-probe", "4", "--n-train", "16"]
+    rows = main(argv + ["--jobs", "1", "--output-dir", str(tmp_path / "compare")])
+    assert [row["method"] for row in rows] == ["none"] and rows[0]["steps"] == 2
+    assert "Agent task calculator" in (tmp_path / "compare" / "compare.md").read_text()
+    run = json.loads((tmp_path / "compare" / "runs" / "none-seed0" / "output.json").read_text())
+    assert run["output"]["result"]["generated_tokens"] > 0

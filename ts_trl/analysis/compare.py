@@ -45,6 +45,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from ..cli.flags import accept_both_spellings
+from ..embedded.agent import AGENT_TASKS, AgentTask, sample_agent_rewards
 from ..embedded.chain import read_trace, trace_rates
 from ..embedded.cpu import torch_threads
 from ..embedded.evaluate import pass_at_k, sample_rewards
@@ -119,12 +120,22 @@ DIFFICULTY, MIN_DIFFICULTY, LEARNING_RATE = 2, 1, 1e-4
 # `ts_trl probe-cuts` on the warm model.
 CHAIN_FULL = Budget(60, 192, 256, 16, 8, 72, 8, 30, 700, 5, 64)
 CHAIN_QUICK = Budget(10, 64, 32, 8, 8, 72, 8, 5, 700, 2, 16)
-BUDGETS = {"add": (FULL, QUICK), "chain": (CHAIN_FULL, CHAIN_QUICK), "chain-strict": (CHAIN_FULL, CHAIN_QUICK)}
+# The agent tasks (ts_trl.embedded.agent): a rollout of 3-5 turns costs several generate calls, so fewer, smaller
+# steps. Not calibrated: the learning rate and cut range are the addition task's.
+AGENT_FULL = Budget(60, 256, 64, 8, 8, 96, 8, 20, 400, 3, 32)
+AGENT_QUICK = Budget(10, 64, 32, 4, 8, 96, 8, 5, 400, 2, 16)
+BUDGETS = {
+    "add": (FULL, QUICK),
+    "chain": (CHAIN_FULL, CHAIN_QUICK),
+    "chain-strict": (CHAIN_FULL, CHAIN_QUICK),
+    **{name: (AGENT_FULL, AGENT_QUICK) for name in AGENT_TASKS},
+}
 # Per task: the learning rate and the top of the cut range when not given.
 TASK_DEFAULTS = {
     "add": {"learning_rate": LEARNING_RATE, "cut_ratio_max": 0.9},
     "chain": {"learning_rate": None, "cut_ratio_max": 0.3},
     "chain-strict": {"learning_rate": None, "cut_ratio_max": None},
+    **{name: {"learning_rate": LEARNING_RATE, "cut_ratio_max": 0.9} for name in AGENT_TASKS},
 }
 # Read from the samples on the chain task only (ts_trl.embedded.chain.trace_rates).
 TRACE_KEYS = ("error_share", "repair_share", "error_or_repair_share", "recovery_rate")
@@ -358,6 +369,8 @@ def _title(args) -> str:
         return "Chain task (4-6 digits, repairable errors)"
     if getattr(args, "task", "add") == "chain-strict":
         return "Chain task, scored by the whole chain (4-6 digits, repairable errors)"
+    if getattr(args, "task", "add") in AGENT_TASKS:
+        return f"Agent task {args.task} (difficulty {args.min_difficulty}-{args.difficulty}, tool calls)"
     return f"Embedded task (difficulty {args.min_difficulty}-{args.difficulty})"
 
 
@@ -378,7 +391,10 @@ def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> Non
     Stores each prefix with its log-probability under the warm model (q), so that a run scores only log p.
     """
 
-    contexts = [tokenizer(p)["input_ids"] for p in train_set["prompt"][: budget.n_probe]] * 2
+    # An agent task's chat prompts as the template renders them; its coverage states are then in the first model turn.
+    texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+             for p in train_set["prompt"][: budget.n_probe]]  # fmt: skip
+    contexts = [tokenizer(text)["input_ids"] for text in texts] * 2
     with torch_threads(1):
         rollouts = sample_continuations(
             model, tokenizer, contexts, [budget.max_completion_length] * len(contexts), rng_seed=12345, desc="probe"
@@ -402,8 +418,10 @@ def _run_job(job: dict) -> dict:
     probe = json.loads((out / "probe.json").read_text())
     seed = job["seed"]
 
+    agent = _task(args) if args.task in AGENT_TASKS else None
+
     def evaluate(model, step: int) -> dict:
-        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step, task=args.task)
+        return _evaluate(model, tokenizer, eval_set, probe, budget, seed, step, task=args.task, agent=agent)
 
     if job["kind"] == "start":
         output = {"kind": "start", "seed": seed, **evaluate(model, 0)}
@@ -419,8 +437,12 @@ def _run_job(job: dict) -> dict:
     return output
 
 
-def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int, task: str = "add") -> dict:
+def _evaluate(
+    model, tokenizer, eval_set, probe, budget: Budget, seed: int, step: int, task: str = "add", agent=None
+) -> dict:
     """Held-out pass@1 and pass@k per prompt (sampled at temperature 1), and state coverage of the probe prefixes.
+
+    An `agent` task (`AgentTask`) is sampled through its tool loop (`sample_agent_rewards`).
 
     On the chain tasks, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
     P(pass | a wrong line) (`ts_trl.embedded.chain.trace_rates`).
@@ -434,16 +456,23 @@ def _evaluate(model, tokenizer, eval_set, probe, budget: Budget, seed: int, step
             read.extend(read_trace(c, a, s) for c, a, s in zip(completions, answer, scores))
         return scores
 
-    rewards = sample_rewards(
-        model,
-        tokenizer,
-        eval_set,
-        reward,
-        budget.max_completion_length,
-        batch_size=256,
-        num_samples=budget.eval_samples,
-        seed=1000 + seed,  # the same sampling noise for every method at a given RNG seed
-    )
+    # The same sampling noise for every method at a given RNG seed.
+    if isinstance(agent, AgentTask):
+        rewards = sample_agent_rewards(
+            model, tokenizer, eval_set, agent, budget.max_completion_length, num_samples=budget.eval_samples,
+            seed=1000 + seed,
+        )  # fmt: skip
+    else:
+        rewards = sample_rewards(
+            model,
+            tokenizer,
+            eval_set,
+            reward,
+            budget.max_completion_length,
+            batch_size=256,
+            num_samples=budget.eval_samples,
+            seed=1000 + seed,
+        )
     k = min(PASS_K, budget.eval_samples)
     was_training = model.training
     model.eval()
@@ -475,7 +504,8 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
     """
 
     run_dir = out / "runs" / f"{method}-seed{seed}"
-    train_set, _ = _task(args).make_splits(budget.n_train, budget.n_eval)
+    task = _task(args)
+    train_set, _ = task.make_splits(budget.n_train, budget.n_eval)
     evals = []
 
     class Evaluate(TrainerCallback):
@@ -520,6 +550,8 @@ def _train(method, seed, model, tokenizer, budget: Budget, args, out: Path, eval
         train_dataset=train_set,
         processing_class=tokenizer,
         callbacks=[Evaluate()],
+        tools=getattr(task, "tools", None) or None,  # an agent task's tools or environment
+        environment_factory=getattr(task, "environment_factory", None),
     )
     trainer.remove_callback(PrinterCallback)  # the numbers go to the CSVs
     started = time.time()
