@@ -160,3 +160,14 @@ def test_compare_runs_on_an_agent_task(tmp_path, monkeypatch):
     assert "Agent task calculator" in (tmp_path / "compare" / "compare.md").read_text()
     run = json.loads((tmp_path / "compare" / "runs" / "none-seed0" / "output.json").read_text())
     assert run["output"]["result"]["generated_tokens"] > 0
+
+
+def test_single_turn_commands_refuse_the_agent_tasks():
+    from ts_trl.analysis.common import InputError, load_prompts
+    from ts_trl.analysis.probe_cuts import main as probe_cuts
+
+    with pytest.raises(InputError, match="--task register: probe-cuts samples single-turn"):
+        probe_cuts(["--task", "register"])
+    with pytest.raises(InputError, match="--task calculator: relay and positions"):
+        load_prompts("embedded", task="calculator")
+    assert len(load_prompts("embedded", limit=4, task="add")) == 4  # the others still load

@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from ..embedded.cpu import torch_threads, user_set_threads
-from ..embedded.tasks import make_task
+from ..embedded.tasks import make_task, single_turn_only
 from ..store.format import SAMPLING_METADATA_KEY, SEEDS_DIR, SeedManifest, prompt_id_of
 from ..tiny import load_tokenizer
 
@@ -129,6 +129,7 @@ def load_prompts(source: str, limit: int | None = None, task_seed: int = 0, task
     if source == "embedded" or source.startswith("embedded:"):
         difficulty = int(source.split(":", 1)[1]) if ":" in source else 2
         try:
+            single_turn_only(task, "relay and positions")
             built = make_task(task, seed=task_seed, difficulty=difficulty, min_difficulty=None)
         except ValueError as error:
             raise InputError(str(error)) from None

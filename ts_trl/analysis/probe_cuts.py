@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 import torch
 
-from ..embedded.tasks import TASKS, build_task_model, make_task, task_spec
+from ..embedded.tasks import TASKS, build_task_model, make_task, single_turn_only, task_spec
 from ..method.cutting import choose_cut
 from .common import (
     InputError,
@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.task not in TASKS:
         raise InputError(f"--task {args.task}: unknown built-in task; choose one of {', '.join(TASKS)}.")
+    try:
+        single_turn_only(args.task, "probe-cuts")
+    except ValueError as error:
+        raise InputError(str(error)) from None
     ratios = check_ratios(args.ratios)
     for name in ("num_prompts", "seeds", "generations", "batch_size"):
         if getattr(args, name) < 1:

@@ -92,6 +92,15 @@ def task_spec(name: str) -> TaskSpec:
     return TASKS[name]
 
 
+def single_turn_only(name: str, command: str) -> None:
+    """Refuses an agent task in a command that samples single-turn completions (it cannot run the tool loop)."""
+    if name in AGENT_TASKS:
+        raise ValueError(
+            f"--task {name}: {command} samples single-turn completions, and the agent tasks need TRL's tool loop; "
+            "use ts_trl train or compare with them, or another --task."
+        )
+
+
 def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_difficulty: int | None = 1):
     """The task `name`; `difficulty` and `min_difficulty` shape the addition and agent tasks (the chain has 4-6
     digits)."""
