@@ -20,7 +20,7 @@ from ts_trl.embedded.agent import (
 from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS, warm_up
 from ts_trl.tiny import build_tiny_model
 
-WARM_UP_STEPS = 100  # enough for well-formed calls in most rollouts (not for right answers): ~27 s on 2 busy cores
+WARM_UP_STEPS = 40  # enough for well-formed calls in most rollouts (not for right answers)
 
 
 @pytest.fixture(scope="module")

@@ -181,7 +181,9 @@ class AgentTask(EmbeddedTask):
 
     def _dataset(self, split: str, size: int, held_out: bool) -> Dataset:
         rows = super()._dataset(split, size, held_out).to_dict()
-        rows["prompt"] = [[{"role": "user", "content": problem_of(text).prompt[3:-3]}] for text in rows["prompt"]]
+        rows["prompt"] = [
+            [{"role": "user", "content": "+".join(map(str, problem_of(text).operands))}] for text in rows["prompt"]
+        ]
         return Dataset.from_dict(rows)
 
     def turns(self, problem: Problem, rng: random.Random) -> list[tuple[str, str]]:
