@@ -1,0 +1,247 @@
+"""Seed data under real operations (issue 40): two runs in one folder, set-asides in one second, damaged or foreign
+manifests and pointers, full and read-only disks, prompt ids that mean two prompts."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from tests.conftest import seed_manifest, tiny_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _one_line(error) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 1. One run at a time in an output_dir
+
+
+class RunBeside(TrainerCallback):
+    """At step 2 of the first run, starts a second one (fresh, then resumed) in the same folder, and records how each
+    was refused."""
+
+    def __init__(self, make_second):
+        self.make_second, self.refusals = make_second, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != 2:
+            return
+        for resume in (None, str(Path(args.output_dir) / "checkpoint-1")):
+            with pytest.raises(ValueError) as error:
+                self.make_second().train(resume_from_checkpoint=resume)
+            self.refusals.append(_one_line(error))
+
+
+def test_a_second_run_in_the_same_output_dir_is_refused_while_the_first_lives(make_trainer):
+    settings = dict(dataset=tiny_prompts(2), max_steps=3, save_steps=1)
+    first = make_trainer(**settings)
+    watch = RunBeside(lambda: make_trainer(**settings))
+    first.add_callback(watch)
+    first.train()
+    assert len(watch.refusals) == 2 and all("in use" in r and first.args.output_dir in r for r in watch.refusals)
+    # The first run's seeds are whole: its manifest lists its three shards, and its checkpoints resume.
+    assert [s["step"] for s in seed_manifest(first.args.output_dir)["shards"]] == [1, 2, 3]
+    second = make_trainer(**{**settings, "max_steps": 4})
+    second.train(resume_from_checkpoint=str(Path(first.args.output_dir) / "checkpoint-3"))  # the lock was let go
+    assert second.state.global_step == 4
+
+
+CHILD = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.conftest import TINY_SETTINGS, count_reward, tiny_prompts
+from transformers import TrainerCallback
+from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+class Hang(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            Path({marker!r}).write_text("training")
+            signal.pause()  # killed here by the test, as a node failure would
+
+args = SeedGRPOConfig(**{{**TINY_SETTINGS, "output_dir": {output_dir!r}, "max_steps": 4, "save_steps": 1}})
+tokenizer = build_tokenizer()
+trainer = SeedGRPOTrainer(model=build_tiny_model(tokenizer), reward_funcs=count_reward, args=args,
+                          train_dataset=tiny_prompts(2), processing_class=tokenizer, callbacks=[Hang()])
+trainer.train()
+"""
+
+
+def test_a_killed_runs_folder_is_refused_while_it_lives_then_resumes(make_trainer, tmp_path):
+    output_dir, marker = tmp_path / "run", tmp_path / "marker"
+    script = CHILD.format(repo=str(REPO), marker=str(marker), output_dir=str(output_dir))
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env={**os.environ, "PYTHONPATH": ""})
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert child.poll() is None, "the first run ended before step 2"
+            assert time.monotonic() < deadline, "the first run did not reach step 2"
+            time.sleep(0.5)
+        with pytest.raises(ValueError) as error:  # another process holds the folder
+            make_trainer(dataset=tiny_prompts(2), save_steps=1).train(str(output_dir / "checkpoint-1"))
+        assert "in use" in _one_line(error) and f"pid {child.pid}" in str(error.value)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    resumed = make_trainer(dataset=tiny_prompts(2), save_steps=1, max_steps=3)
+    resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))  # a killed run leaves no lock behind
+    assert resumed.state.global_step == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 7. Set-asides in one second
+
+
+def test_set_asides_in_one_second_keep_every_shard(make_trainer, monkeypatch):
+    monkeypatch.setattr(time, "strftime", lambda *args: "20260101-000000")  # every set-aside in the same second
+    shards = []
+    for _ in range(3):  # runs 2 and 3 each find the previous run's seeds and set them aside
+        trainer = make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+        trainer.train()
+        shards += [s["sha256"] for s in seed_manifest(trainer.args.output_dir)["shards"]]
+    superseded = Path(trainer.args.output_dir) / "seeds" / "superseded"
+    kept = sorted(p for p in superseded.rglob("*.parquet"))
+    assert len(kept) == 4  # runs 1 and 2, two shards each: none overwritten
+    from ts_trl.store.format import file_sha256
+
+    assert sorted(map(file_sha256, kept)) == sorted(shards[:4])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 12. Manifests and pointers that are not this release's, damaged or malformed
+
+
+@pytest.fixture
+def finished_run(make_trainer):
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+    trainer.train()
+    return Path(trainer.args.output_dir)
+
+
+def _edit_manifest(output_dir: Path, edit) -> Path:
+    path = output_dir / "seeds" / "manifest.json"
+    payload = json.loads(path.read_text())
+    edit(payload)
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def _resume(make_trainer, output_dir: Path, step: int = 2, max_steps: int = 3):
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=max_steps, save_steps=1)
+    trainer.train(resume_from_checkpoint=str(output_dir / f"checkpoint-{step}"))
+    return trainer
+
+
+def test_a_manifest_of_a_later_format_is_refused_and_left_alone(make_trainer, finished_run):
+    path = _edit_manifest(finished_run, lambda payload: payload.update(format=99))
+    before = path.read_bytes()
+    with pytest.raises(ValueError) as error:
+        _resume(make_trainer, finished_run)
+    assert "format 99" in _one_line(error) and str(path) in str(error.value)
+    assert path.read_bytes() == before
+
+
+def test_unknown_manifest_keys_are_kept(make_trainer, finished_run):
+    _edit_manifest(finished_run, lambda payload: payload.update(curated_by="a later tool"))
+    _resume(make_trainer, finished_run)
+    manifest = seed_manifest(finished_run)
+    assert manifest["curated_by"] == "a later tool" and [s["step"] for s in manifest["shards"]] == [1, 2, 3]
+
+
+def test_a_shard_listed_twice_is_refused(make_trainer, finished_run):
+    path = _edit_manifest(finished_run, lambda payload: payload["shards"].append(dict(payload["shards"][0])))
+    with pytest.raises(ValueError) as error:
+        _resume(make_trainer, finished_run)
+    assert "step-000001.parquet" in _one_line(error) and "twice" in str(error.value) and str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2],
+        lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "shards"}),
+    ],
+    ids=["truncated", "no-shards"],
+)
+def test_a_damaged_checkpoint_pointer_is_named_in_one_line(make_trainer, finished_run, damage):
+    pointer = finished_run / "checkpoint-2" / "seed_snapshot.json"
+    pointer.write_text(damage(pointer.read_text()))
+    with pytest.raises(ValueError) as error:
+        _resume(make_trainer, finished_run)
+    assert str(pointer) in _one_line(error)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 12. Full and read-only disks (a small tmpfs; mounting needs root)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_while_writing_a_shard_is_named_in_one_line(make_trainer, small_disk):
+    trainer = make_trainer(
+        dataset=tiny_prompts(2),
+        output_dir=str(small_disk / "run"),
+        save_strategy="no",
+        seed_snapshot_steps=1,
+        max_steps=200,
+        max_completion_length=64,
+    )
+    with pytest.raises(OSError) as error:
+        trainer.train()
+    message = _one_line(error)
+    assert "full" in message and str(small_disk / "run" / "seeds") in message
+    assert trainer.state.global_step < 200
+    manifest = seed_manifest(small_disk / "run")  # what was written before is listed and whole
+    from ts_trl.store.format import file_sha256
+
+    for shard in manifest["shards"]:
+        assert file_sha256(small_disk / "run" / "seeds" / shard["file"]) == shard["sha256"]
+
+
+def test_a_read_only_output_dir_is_refused_before_training(make_trainer, small_disk):
+    (small_disk / "run").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    trainer = make_trainer(dataset=tiny_prompts(2), output_dir=str(small_disk / "run"))
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    assert "not writable" in _one_line(error) and str(small_disk / "run") in str(error.value)
+    assert trainer.state.global_step == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 9. Prompt ids
+
+
+def test_a_training_set_with_two_prompts_under_one_prompt_id_is_refused(make_trainer):
+    dataset = Dataset.from_dict({"prompt": ["Q: 1+2=", "Q: 2+3=", "Q: 3+4="], "prompt_id": ["a", "b", "a"]})
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset)
+    message = _one_line(error)
+    assert "'a'" in message and "prompt_id" in message
+    make_trainer(dataset=Dataset.from_dict({"prompt": ["Q: 1+2=", "Q: 1+2="], "prompt_id": ["a", "a"]}))  # same text
