@@ -71,7 +71,7 @@ from ts_trl.tiny import build_tiny_model, build_tokenizer
 
 class Hang(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 2:
+        if state.global_step == 3:  # checkpoint-2 is saved after step 2's callbacks
             Path({marker!r}).write_text("training")
             signal.pause()  # killed here by the test, as a node failure would
 
@@ -90,8 +90,8 @@ def test_a_killed_runs_folder_is_refused_while_it_lives_then_resumes(make_traine
     try:
         deadline = time.monotonic() + 300
         while not marker.exists():
-            assert child.poll() is None, "the first run ended before step 2"
-            assert time.monotonic() < deadline, "the first run did not reach step 2"
+            assert child.poll() is None, "the first run ended before step 3"
+            assert time.monotonic() < deadline, "the first run did not reach step 3"
             time.sleep(0.5)
         with pytest.raises(ValueError) as error:  # another process holds the folder
             make_trainer(dataset=tiny_prompts(2), save_steps=1).train(str(output_dir / "checkpoint-1"))

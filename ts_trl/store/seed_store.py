@@ -47,6 +47,7 @@ from .format import (
     write_shard,
 )
 from .hub import SeedHubPusher
+from .lock import OutputDirLock
 
 logger = logging.getLogger(__name__)
 HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
@@ -213,6 +214,7 @@ class SeedStore:
         # Main process: the rollouts of all ranks since the last snapshot, as Arrow tables (the shard's own columns,
         # ~8 bytes a token plus the text) rather than Python lists (~36 bytes a token).
         self.unsnapshotted: list[pa.Table] = []
+        self.lock = OutputDirLock(self.output_dir)  # held by the main process from `start` to `release`
         self.pusher = None
         if self.hub_dataset_id is not None and accelerator.is_main_process:
             self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
@@ -228,6 +230,7 @@ class SeedStore:
         self.bank = SeedBank(*self.success)
         self.pending, self.unsnapshotted, self.resumed_state = [], [], {}
         fill_bank(self.bank, self.external_seeds, external=True)
+        self._hold_output_dir()
         if accelerator.is_main_process:  # the one writer, before it writes: what a killed writer left is stale
             folders = [self.seeds_dir, self.seeds_dir / BANK_DIR, *self.output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")]
             for path in remove_stale_temporaries(folders):
@@ -265,6 +268,23 @@ class SeedStore:
                 manifest.save()
             self.manifest = manifest
 
+    def _hold_output_dir(self) -> None:
+        """The main process locks the output_dir (one line when another run holds it); every rank stops with it."""
+        problem = None
+        if self.accelerator.is_main_process:
+            try:
+                self.lock.acquire()
+            except ValueError as error:
+                problem = str(error)
+        if self.accelerator.num_processes > 1:
+            problem = broadcast_object_list([problem])[0]
+        if problem is not None:
+            raise ValueError(problem)
+
+    def release(self) -> None:
+        """Lets go of the output_dir, at the end of `train` however it ended."""
+        self.lock.release()
+
     def check_resume(self, checkpoint: str | os.PathLike) -> Resume:
         """The shards that rebuild the bank `checkpoint` saw; a one-line `ValueError` when this folder lacks them.
 
@@ -289,7 +309,15 @@ class SeedStore:
                 "of seed_selection='passrate' start afresh."
             )
             return Resume(checkpoint, step, manifest, [s for s in manifest.shards if s["step"] <= step])
-        pointer = json.loads(pointer_path.read_text())
+        try:
+            pointer = json.loads(pointer_path.read_text())
+            pointer["shards"] = [dict(s) for s in pointer["shards"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: {pointer_path} is damaged ({type(error).__name__}: {error}), so "
+                "nothing says which seeds that checkpoint saw. Resume from another checkpoint, or delete that file to "
+                "rebuild the bank from the shards up to its step."
+            ) from None
         current = {s["file"]: s for s in manifest.shards}
         identity = [{k: s.get(k) for k in SHARD_IDENTITY} for s in pointer["shards"]]
         missing = [s["file"] for s in identity if {k: current.get(s["file"], {}).get(k) for k in SHARD_IDENTITY} != s]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 PROMPTS_CHECKED = 2000  # prompts of a dataset measured against the budget at construction
 
 
@@ -31,6 +33,22 @@ def check_one_generation_fits(dataset, generation_batch_size: int, num_generatio
         )
 
 
+def check_prompt_ids(prompt_ids, prompts) -> None:
+    """Seeds are banked and drawn by `prompt_id`: two prompts under one id would continue each other's rollouts."""
+    first: dict[str, tuple[int, str]] = {}
+    for index, (prompt_id, prompt) in enumerate(zip(prompt_ids, prompts)):
+        if prompt_id is None:  # such a row's id is its prompt's hash
+            continue
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+        seen, seen_text = first.setdefault(str(prompt_id), (index, text))
+        if seen_text != text:
+            raise ValueError(
+                f"Rows {seen} and {index} of the training dataset share prompt_id {str(prompt_id)!r} but hold different "
+                "prompts; seeds are banked by prompt_id, so one prompt would be continued from the other's rollouts. "
+                "Give each prompt its own id, or drop the prompt_id column (each prompt's hash is then its id)."
+            )
+
+
 def check_seedable_dataset(
     dataset, tokenizer, max_completion_length: int, max_positions: int | None, engine_len: int | None
 ) -> None:
@@ -47,6 +65,8 @@ def check_seedable_dataset(
         )
     if not hasattr(dataset, "__len__"):
         return  # an IterableDataset is checked batch by batch
+    if columns is not None and "prompt_id" in columns:
+        check_prompt_ids(dataset["prompt_id"], dataset["prompt"])
     prompts = (
         list(dataset.select(range(min(len(dataset), PROMPTS_CHECKED)))["prompt"]) if hasattr(dataset, "select") else []
     )

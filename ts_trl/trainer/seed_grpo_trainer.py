@@ -161,11 +161,14 @@ class SeedGRPOTrainer(GRPOTrainer):
             check_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if resume_from_checkpoint is True:  # transformers would take the newest folder, even one a crash left empty
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
-        if self.args.seed_method != "none":
-            self.seed_store.start(resume_from_checkpoint or None)
-            self.planner.reset(self.seed_store.resumed_state.get("planner"))
-        with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        try:
+            if self.args.seed_method != "none":
+                self.seed_store.start(resume_from_checkpoint or None)
+                self.planner.reset(self.seed_store.resumed_state.get("planner"))
+            with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
+                return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            self.seed_store.release()  # the output_dir is free for the next run (or this one's resume)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Generation: plan the cuts, splice, record
