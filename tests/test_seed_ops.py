@@ -245,3 +245,65 @@ def test_a_training_set_with_two_prompts_under_one_prompt_id_is_refused(make_tra
     message = _one_line(error)
     assert "'a'" in message and "prompt_id" in message
     make_trainer(dataset=Dataset.from_dict({"prompt": ["Q: 1+2=", "Q: 1+2="], "prompt_id": ["a", "a"]}))  # same text
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 4, 5. Shards the manifest does not list; seeds/ deleted while training
+
+
+def test_a_shard_the_manifest_does_not_list_is_set_aside_not_overwritten(make_trainer, finished_run):
+    seeds = finished_run / "seeds"
+    from ts_trl.store.format import file_sha256
+
+    # A crash after step 3's shard was renamed into place, before the manifest listed it.
+    shutil.copy(seeds / "step-000002.parquet", seeds / "step-000003.parquet")
+    stray = file_sha256(seeds / "step-000003.parquet")
+    _resume(make_trainer, finished_run, max_steps=4)
+    assert [s["step"] for s in seed_manifest(finished_run)["shards"]] == [1, 2, 3, 4]
+    assert stray in {file_sha256(p) for p in (seeds / "superseded").rglob("step-000003.parquet")}
+    assert file_sha256(seeds / "step-000003.parquet") != stray
+
+
+def test_shards_without_a_manifest_are_set_aside_by_a_new_run(make_trainer, finished_run):
+    seeds = finished_run / "seeds"
+    from ts_trl.store.format import file_sha256
+
+    old = {file_sha256(p) for p in seeds.glob("step-*.parquet")}
+    (seeds / "manifest.json").unlink()
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+    trainer.train()
+    assert old <= {file_sha256(p) for p in (seeds / "superseded").rglob("step-*.parquet")}
+    assert not old & {file_sha256(p) for p in seeds.glob("step-*.parquet")}
+
+
+class DeleteSeeds(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            shutil.rmtree(Path(args.output_dir) / "seeds")
+
+
+def test_seeds_deleted_while_training_stop_the_run_in_one_line(make_trainer):
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=4, save_steps=1)
+    trainer.add_callback(DeleteSeeds())
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    assert "seeds" in _one_line(error) and "step-000001.parquet" in str(error.value)
+    output_dir = Path(trainer.args.output_dir)
+    assert not (output_dir / "checkpoint-3").exists()  # no checkpoint that could not be resumed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 6. Another reward set on resume
+
+
+def other_reward(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+
+
+def test_a_resume_with_another_reward_set_is_refused(make_trainer, finished_run):
+    from tests.conftest import count_reward
+
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=3, save_steps=1, reward=[count_reward, other_reward])
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=str(finished_run / "checkpoint-2"))
+    assert "reward_other_reward" in _one_line(error)

@@ -426,6 +426,24 @@ def set_aside_folder(root: Path) -> Path:
     raise FileExistsError(f"{root} holds 9999 folders named {stamp}*; move some away.")
 
 
+def set_aside_unlisted(seeds_dir: str | os.PathLike, listed: set[str]) -> list[str]:
+    """Moves the shards and bank files in `seeds_dir` that `listed` (the manifest's names) lacks to `superseded/`.
+
+    Such files are a crash's (renamed into place before the manifest listed them) or an earlier run's without a
+    manifest: `load_dataset` would read them as this run's seeds, and this run would overwrite them.
+    """
+    seeds_dir = Path(seeds_dir)
+    found = [*seeds_dir.glob("step-*.parquet"), *(seeds_dir / BANK_DIR).glob("step-*.arrow")]
+    unlisted = sorted(name for name in (p.relative_to(seeds_dir).as_posix() for p in found) if name not in listed)
+    if not unlisted:
+        return []
+    target = set_aside_folder(seeds_dir / "superseded")
+    for name in unlisted:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(seeds_dir / name, target / name)
+    return unlisted
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Reading a run's own shards (resume)
 

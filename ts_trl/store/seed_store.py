@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
@@ -39,6 +40,7 @@ from .format import (
     read_bank_table,
     remove_stale_temporaries,
     rollouts_to_table,
+    set_aside_unlisted,
     shard_name,
     tokenizer_fingerprint,
     verify_shards,
@@ -259,6 +261,13 @@ class SeedStore:
         self.run_id = broadcast_object_list([run_id])[0] if accelerator.num_processes > 1 else run_id
         if accelerator.is_main_process:
             self.seeds_dir.mkdir(parents=True, exist_ok=True)
+            listed = {n for s in (manifest.shards if manifest else []) for n in (s["file"], s.get("bank_file")) if n}
+            moved = set_aside_unlisted(self.seeds_dir, listed)
+            if moved:
+                logger.warning(
+                    f"{self.seeds_dir} held {len(moved)} file(s) its manifest does not list ({', '.join(moved[:3])}): "
+                    "a crash's or an earlier run's; they were moved to seeds/superseded/ rather than read or overwritten."
+                )
             if manifest is None:
                 manifest = SeedManifest(self.seeds_dir, self.run_id, self.model_name, self.tokenizer_fp)
                 manifest.external = self.external_provenance
@@ -332,6 +341,7 @@ class SeedStore:
                 f"Resume from a checkpoint of the run in {self.seeds_dir}, or start a new run in another output_dir."
             )
         self._check_tokenizer(checkpoint, manifest)
+        self._check_reward_columns(checkpoint, manifest)
         shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
         return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
 
@@ -342,6 +352,43 @@ class SeedStore:
                 f"(fingerprint {manifest.tokenizer!r}, this run's is {self.tokenizer_fp!r}). Resume with the run's own "
                 "tokenizer."
             )
+
+    def _check_reward_columns(self, checkpoint: Path, manifest: SeedManifest) -> None:
+        """A resumed run writes the same `reward_<name>` columns as its shards hold: shards that disagree on columns
+        do not load as one dataset (`load_dataset` fails on the seeds folder)."""
+        if not manifest.shards:
+            return
+        try:
+            names = pq.read_schema(manifest.resolve(manifest.shards[-1]["file"])).names
+        except (pa.ArrowInvalid, OSError):  # a missing or damaged shard is named when the bank is read
+            return
+        found = [n for n in names if n.startswith("reward_")]
+        expected = [f"reward_{name}" for name in self.reward_names]
+        if found != expected:
+            raise ValueError(
+                f"Cannot resume from {checkpoint} with these reward functions: its seed shards have the columns "
+                f"{found}, this run would write {expected}, and shards with other columns do not load as one "
+                "dataset. Resume with the run's reward functions (same names, same order), or start a new run."
+            )
+
+    def check_unchanged(self) -> None:
+        """Stops the run in one line when the files its manifest lists vanished from disk while it trained (all
+        ranks): a checkpoint would then name seeds that are gone, and could not be resumed."""
+        problem = None
+        if self.accelerator.is_main_process and self.manifest is not None:
+            lost = [s["file"] for s in self.manifest.shards if not self.manifest.resolve(s["file"]).is_file()]
+            if not SeedManifest.path(self.seeds_dir).is_file():
+                lost.insert(0, "manifest.json")
+            if lost:
+                problem = (
+                    f"{self.seeds_dir} lost {', '.join(lost[:4])}{' ...' if len(lost) > 4 else ''} while this run "
+                    "trained: a checkpoint now would name seeds that are gone. Restore the files and resume from the "
+                    "last checkpoint, or start a new run in another output_dir."
+                )
+        if self.accelerator.num_processes > 1:
+            problem = broadcast_object_list([problem])[0]
+        if problem is not None:
+            raise ValueError(problem)
 
     def _read_bank(self, resume: Resume) -> pa.Table | None:
         """The bank columns of a resume's shards, each from a whole copy. The main process checks the checksums and
@@ -392,6 +439,7 @@ class SeedStore:
         if self.run_id is None:
             return None
         self.flush()
+        self.check_unchanged()
         path = None
         # An empty shard marks a checkpoint without new rollouts; one already written for this step is kept (a step
         # can both reach `snapshot_steps` and save a checkpoint).
