@@ -307,3 +307,37 @@ def test_a_resume_with_another_reward_set_is_refused(make_trainer, finished_run)
     with pytest.raises(ValueError) as error:
         trainer.train(resume_from_checkpoint=str(finished_run / "checkpoint-2"))
     assert "reward_other_reward" in _one_line(error)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 9. A seed's prompt_id must mean the same prompt here
+
+
+def test_a_seed_dataset_whose_prompt_ids_mean_other_prompts_here_is_refused(make_trainer, tmp_path):
+    ids = ["p0", "p1"]
+    first = make_trainer(
+        dataset=Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="], "prompt_id": ids}),
+        output_dir=str(tmp_path / "a"),
+        max_steps=2,
+        save_steps=1,
+    )
+    first.train()
+    other_prompts = Dataset.from_dict({"prompt": ["Q: 5+6=", "Q: 6+7="], "prompt_id": ids})
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=other_prompts, output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "a"))
+    assert "'p0'" in _one_line(error) or "'p1'" in str(error.value)
+    same_prompts = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="], "prompt_id": ids})
+    make_trainer(dataset=same_prompts, output_dir=str(tmp_path / "c"), seed_dataset=str(tmp_path / "a"))
+
+
+def test_a_trace_whose_prompt_id_and_prompt_disagree_is_refused(make_trainer, tmp_path):
+    dataset = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="], "prompt_id": ["p0", "p1"]})
+    traces = tmp_path / "traces.jsonl"
+    rows = [
+        {"prompt_id": "p0", "prompt": "Q: 0+1=", "completion": " 1\nA: 1"},
+        {"prompt_id": "p1", "prompt": "Q: 8+9=", "completion": " 17\nA: 17"},  # p1 is "Q: 1+2=" here
+    ]
+    traces.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset, seed_dataset=str(traces), max_completion_length=40)
+    assert "'p1'" in _one_line(error) and "Q: 8+9=" in str(error.value)

@@ -132,6 +132,8 @@ def read_external_seeds(
     provenance = {"dataset": settings.seed_dataset, "revision": revision, **_source_model(table)}
     if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
         seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), settings.seed_dataset_same_tokenizer)
+        if "prompt" in seeds.column_names and hasattr(train_dataset, "column_names"):
+            check_prompt_texts(seeds.column("prompt_id"), seeds.column("prompt"), train_dataset, source)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
         if settings.seed_filter:
             logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
@@ -328,6 +330,31 @@ def normalised(prompt) -> list[str]:
     return [key for key in dict.fromkeys(keys) if key]
 
 
+def same_prompt(one, other) -> bool:
+    """Whether two prompts (text, messages or their JSON) are one, up to Unicode form and whitespace."""
+    return bool(set(normalised(one)) & set(normalised(other))) or not normalised(one) or not normalised(other)
+
+
+def check_prompt_texts(prompt_ids, prompts, train_dataset, source: str) -> None:
+    """Refuses, in one line, a seed whose `prompt_id` names another prompt in this training set: its rollout would
+    be continued as the answer to a prompt it never saw."""
+    if not hasattr(train_dataset, "__len__"):
+        return
+    ours = dict(zip(_prompt_ids(train_dataset), train_dataset["prompt"]))
+    checked = set()
+    for prompt_id, prompt in zip(list(prompt_ids), list(prompts)):
+        prompt_id = None if prompt_id is None else str(prompt_id)
+        if prompt_id not in ours or prompt is None or (prompt_id, str(prompt)) in checked:
+            continue
+        checked.add((prompt_id, str(prompt)))
+        if not same_prompt(prompt, ours[prompt_id]):
+            raise ValueError(
+                f"{source}: prompt_id {prompt_id!r} is the prompt {str(prompt)[:60]!r} there, but "
+                f"{str(ours[prompt_id])[:60]!r} in this training set, so its seeds would continue another prompt. "
+                "Seed from a dataset of this training set, or give the training prompts ids that mean the same prompts."
+            )
+
+
 def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int | None]:
     """The training row each trace's prompt is, by `prompt_id`, else by normalised text; None where none matches.
 
@@ -345,6 +372,7 @@ def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int |
         by_id.setdefault(str(prompt_id) if prompt_id is not None else prompt_id_of(prompt), row)
         for key in normalised(prompt):
             by_text.setdefault(key, row)
+    check_prompt_texts([t.prompt_id for t in traces], [t.prompt for t in traces], train_dataset, source)
     rows = []
     for trace in traces:
         row = by_id.get(trace.prompt_id) if trace.prompt_id is not None else None
