@@ -341,3 +341,20 @@ def test_a_trace_whose_prompt_id_and_prompt_disagree_is_refused(make_trainer, tm
     with pytest.raises(ValueError) as error:
         make_trainer(dataset=dataset, seed_dataset=str(traces), max_completion_length=40)
     assert "'p1'" in _one_line(error) and "Q: 8+9=" in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 13. Traces far over the budget
+
+
+def test_traces_far_over_the_budget_are_refused_by_their_length_before_tokenising(make_trainer, tmp_path):
+    dataset = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="]})
+    traces = tmp_path / "traces.jsonl"
+    rows = [{"prompt": "Q: 0+1=", "completion": " 1\nA: 1"}]
+    rows += [{"prompt": "Q: 1+2=", "completion": "3+" * 100_000} for _ in range(8)]
+    traces.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    started = time.monotonic()
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset, seed_dataset=str(traces), max_completion_length=40)
+    assert "8 of its 9 traces are over" in _one_line(error) and "characters" in str(error.value)
+    print(f"refused in {time.monotonic() - started:.1f} s")

@@ -461,6 +461,7 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
     """
     rows = match_prompts(traces, train_dataset, source)
     kept = [i for i, row in enumerate(rows) if row is not None]
+    _check_characters([traces[i].text for i in kept], tokenizer, settings.max_completion_length, source)
     provenance = {"matched": len(kept)}
     rewards = {i: traces[i].reward for i in kept}
     if settings.seed_filter == "success":
@@ -492,6 +493,25 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
     )
     provenance["kept"] = len(kept)
     return ExternalSeeds(table, provenance, _cuts_of(table))
+
+
+def _check_characters(texts: list[str], tokenizer, budget: int, source: str) -> None:
+    """Refuses traces that cannot fit `budget` tokens by their length alone, before any is tokenised or scored.
+
+    No token decodes to more characters than the longest vocabulary entry (byte-level entries spell a character with
+    one or more), so a trace with more non-blank characters than `budget` such tokens (twice, for normalisers that
+    merge characters) is over the budget whatever its tokens; tokenising 200,000 characters would take seconds each.
+    """
+    longest_token = max((len(token) for token in tokenizer.get_vocab()), default=1)
+    limit = 2 * budget * max(longest_token, 1)
+    lengths = [len("".join(text.split())) for text in texts if len(text) > limit]
+    too_long = [n for n in lengths if n > limit]
+    if too_long:
+        raise ValueError(
+            f"{source}: {len(too_long)} of its {len(texts)} traces are over {limit} characters (the longest: "
+            f"{max(too_long)}), more than max_completion_length={budget} tokens of this tokenizer can hold. Raise "
+            "max_completion_length, or drop the long traces from the dataset."
+        )
 
 
 def _check_budget(lengths: list[int], budget: int, source: str) -> None:
