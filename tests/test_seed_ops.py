@@ -358,3 +358,58 @@ def test_traces_far_over_the_budget_are_refused_by_their_length_before_tokenisin
         make_trainer(dataset=dataset, seed_dataset=str(traces), max_completion_length=40)
     assert "8 of its 9 traces are over" in _one_line(error) and "characters" in str(error.value)
     print(f"refused in {time.monotonic() - started:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 11, 12. seed_dataset: the run's own folder, a dataset that changed before a resume, clashing ids, invalid UTF-8
+
+
+def test_a_seed_dataset_in_the_runs_own_output_dir_is_refused(make_trainer, finished_run):
+    for seed_dataset in (finished_run, finished_run / "seeds"):
+        with pytest.raises(ValueError) as error:
+            make_trainer(dataset=tiny_prompts(2), seed_dataset=str(seed_dataset))
+        assert "own output_dir" in _one_line(error)
+
+
+def test_a_seed_dataset_that_gained_a_shard_before_a_resume_is_refused(make_trainer, tmp_path):
+    source = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "a"), max_steps=2, save_steps=1)
+    source.train()
+    settings = dict(dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "a"))
+    seeded = make_trainer(**settings, max_steps=2, save_steps=1)
+    seeded.train()
+    more = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "a"), max_steps=3, save_steps=1)
+    more.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))  # the seed dataset gains step 3
+    with pytest.raises(ValueError) as error:
+        make_trainer(**settings, max_steps=3, save_steps=1).train(str(tmp_path / "b" / "checkpoint-2"))
+    assert "changed" in _one_line(error) and str(tmp_path / "a") in str(error.value)
+
+
+def test_two_trace_files_numbering_rollout_ids_alike_are_refused(make_trainer, tmp_path):
+    dataset = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="]})
+    (tmp_path / "traces").mkdir()
+    for name, prompt in (("a.jsonl", "Q: 0+1="), ("b.jsonl", "Q: 1+2=")):
+        row = {"rollout_id": "0", "prompt": prompt, "completion": " 1\nA: 1"}
+        (tmp_path / "traces" / name).write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset, seed_dataset=str(tmp_path / "traces"), max_completion_length=40)
+    assert "rollout_id '0'" in _one_line(error)
+
+
+def test_invalid_utf8_in_a_seed_parquet_is_named_in_one_line(make_trainer, finished_run, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(finished_run / "seeds" / "step-000001.parquet")
+    column = table.column("prompt_id").combine_chunks()
+    data = bytearray(column.buffers()[2].to_pybytes())
+    data[0] = 0xFF  # not a UTF-8 byte anywhere
+    broken = pa.Array.from_buffers(
+        pa.string(), len(column), [column.buffers()[0], column.buffers()[1], pa.py_buffer(bytes(data))]
+    )
+    table = table.set_column(table.schema.get_field_index("prompt_id"), "prompt_id", broken)
+    pq.write_table(table, tmp_path / "broken.parquet")
+    with pytest.raises(ValueError) as error:
+        make_trainer(
+            dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "broken.parquet")
+        )
+    assert "UTF-8" in _one_line(error) and "prompt_id" in str(error.value)

@@ -34,6 +34,7 @@ from .format import (
     SEEDS_DIR,
     SeedManifest,
     atomic_write_json,
+    check_text,
     file_sha256,
     load_seed_table,
     prompt_id_of,
@@ -121,6 +122,13 @@ def read_external_seeds(
     if settings.seed_dataset is None:
         return None
     source = f"seed_dataset={settings.seed_dataset!r}"
+    local = Path(settings.seed_dataset).expanduser().resolve()
+    output_dir = Path(settings.output_dir).expanduser().resolve()
+    if local.exists() and (local == output_dir or local.is_relative_to(output_dir)):
+        raise ValueError(
+            f"{source} lies in this run's own output_dir ({output_dir}): the run would seed from the shards it writes, "
+            "which a resume sets aside. Seed from another run's output_dir (or a copy of it)."
+        )
     key = _cache_key(settings, tokenizer_fp, train_dataset, success_reward)
     cached = _read_cache(Path(settings.output_dir) / CACHE_DIR, key, source)
     if cached is not None:
@@ -211,7 +219,7 @@ def _is_data_file(path: Path, root: Path) -> bool:
 def _read_file(path: Path, source: str) -> pa.Table:
     try:
         if path.suffix == ".parquet":
-            return pq.read_table(path)
+            return check_text(pq.read_table(path), path)
         if path.suffix == ".csv":
             return pa_csv.read_csv(path)
         text = path.read_text()
@@ -482,11 +490,19 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
                 f"{settings.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
                 "none. Check the traces' answers, or leave seed_filter unset."
             )
+    ids = [traces[i].rollout_id or f"trace-{i}" for i in kept]
+    twice = next((rollout_id for n, rollout_id in enumerate(ids) if rollout_id in ids[:n]), None)
+    if twice is not None:
+        raise ValueError(
+            f"{source}: rollout_id {twice!r} names two traces (several files numbering their rows alike?); a seed's "
+            "id must be unique. Make the ids unique across files (e.g. prefix each with its file's name), or drop the "
+            "rollout_id column."
+        )
     tokenised = {i: retokenise(tokenizer, traces[i].text, settings.cut_at_newline) for i in kept}
     _check_budget([len(tokenised[i][0]) for i in kept], settings.max_completion_length, source)
     prompt_ids = _prompt_ids(train_dataset)
     table = seed_rows_table(
-        [traces[i].rollout_id or f"trace-{i}" for i in kept],
+        ids,
         [prompt_ids[rows[i]] for i in kept],
         [tokenised[i] for i in kept],
         [rewards[i] for i in kept],

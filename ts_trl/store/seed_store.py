@@ -239,6 +239,7 @@ class SeedStore:
                 logger.info(f"Removed {path}, left by a write that did not finish.")
         if checkpoint is not None:
             resume = self.check_resume(checkpoint)
+            self._check_seed_dataset_unchanged(checkpoint, resume.manifest)
             fill_bank(self.bank, self._read_bank(resume))
             self.bank.mark_snapshotted()
             self.resumed_state = resume.state
@@ -344,6 +345,19 @@ class SeedStore:
         self._check_reward_columns(checkpoint, manifest)
         shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
         return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
+
+    def _check_seed_dataset_unchanged(self, checkpoint, manifest: SeedManifest) -> None:
+        """A resumed run's `seed_dataset` must give the bank it gave: a same-tokenizer seed dataset is read afresh
+        (text seeds come from the run's cache), so one that gained or lost rows would change the bank."""
+        then, now = manifest.external or {}, self.external_provenance or {}
+        if then.get("kind") != "seed dataset" or now.get("kind") != "seed dataset":
+            return
+        if (then.get("dataset"), then.get("rows")) != (now.get("dataset"), now.get("rows")):
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: its seed_dataset changed since the run started "
+                f"({then.get('dataset')}, {then.get('rows')} rows then; {now.get('dataset')}, {now.get('rows')} rows "
+                "now), so the bank would differ. Resume with the seed dataset as it was (e.g. a copy), or start a new run."
+            )
 
     def _check_tokenizer(self, checkpoint: Path, manifest: SeedManifest) -> None:
         if manifest.tokenizer != self.tokenizer_fp:
