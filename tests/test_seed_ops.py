@@ -413,3 +413,15 @@ def test_invalid_utf8_in_a_seed_parquet_is_named_in_one_line(make_trainer, finis
             dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "broken.parquet")
         )
     assert "UTF-8" in _one_line(error) and "prompt_id" in str(error.value)
+
+
+def test_a_runs_seeds_folder_uploaded_to_the_hub_seeds_another_run(hub, make_trainer, finished_run, tmp_path):
+    """The Hub cache stores files as symbolic links into its blobs/: a manifest's files are found through them."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint)
+    api.create_repo("org/run-seeds", repo_type="dataset")
+    api.upload_folder(folder_path=str(finished_run / "seeds"), repo_id="org/run-seeds", repo_type="dataset")
+    trainer = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset="org/run-seeds")
+    rows = sum(s["rows"] for s in seed_manifest(finished_run)["shards"])
+    assert len(trainer.seed_bank) == rows > 0

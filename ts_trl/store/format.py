@@ -288,6 +288,16 @@ def _is_other_live_process(pid: int) -> bool:
 # The manifest
 
 
+def hub_cache_blobs(folder: Path) -> Path | None:
+    """The `blobs/` folder of the Hugging Face cache repo whose snapshot holds `folder`, if it lies in one: the cache
+    stores a snapshot's files as symbolic links into it, so a downloaded seeds folder's files lead there."""
+    parts = Path(folder).absolute().parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith(("datasets--", "models--")):
+            return (Path(*parts[:i]) / "blobs").resolve()
+    return None
+
+
 class SeedManifest:
     """The shards of a run's seed dataset (`seeds/manifest.json`), with their checksums; replaced atomically."""
 
@@ -352,7 +362,9 @@ class SeedManifest:
         """
         root = self.seeds_dir.resolve()
         target = (self.seeds_dir / name).resolve()
-        if Path(name).is_absolute() or ".." in Path(name).parts or not target.is_relative_to(root):
+        blobs = hub_cache_blobs(self.seeds_dir)
+        inside = target.is_relative_to(root) or (blobs is not None and target.is_relative_to(blobs))
+        if Path(name).is_absolute() or ".." in Path(name).parts or not inside:
             raise ValueError(
                 f"{self.path(self.seeds_dir)} names the file {name!r}, which lies outside {self.seeds_dir}; a seed "
                 "dataset's files must be inside its folder. Remove that entry, or copy the file into the folder."
