@@ -425,3 +425,27 @@ def test_a_runs_seeds_folder_uploaded_to_the_hub_seeds_another_run(hub, make_tra
     trainer = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset="org/run-seeds")
     rows = sum(s["rows"] for s in seed_manifest(finished_run)["shards"])
     assert len(trainer.seed_bank) == rows > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 10. Seeds none of which can be cut
+
+
+def test_a_seed_dataset_none_of_whose_seeds_can_be_cut_is_refused_at_construction(
+    make_trainer, finished_run, tmp_path
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(finished_run / "seeds" / "step-000001.parquet")
+    one = table.column("completion_ids").to_pylist()
+    for name, values in (("completion_ids", [ids[:1] for ids in one]), ("logprobs", [[-0.5]] * len(one))):
+        column = pa.array(values, table.schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    pq.write_table(table, tmp_path / "one-token.parquet")  # one-token seeds: no cut leaves a token of the seed out
+    with pytest.raises(ValueError) as error:
+        make_trainer(
+            dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "one-token.parquet")
+        )
+    assert "none of its" in _one_line(error) and "cut" in str(error.value)
+    make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "c"), seed_dataset=str(finished_run))

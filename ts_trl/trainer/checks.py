@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from ..method.cutting import max_cut
+
 PROMPTS_CHECKED = 2000  # prompts of a dataset measured against the budget at construction
 
 
@@ -103,3 +107,20 @@ def check_success_reward(success_reward: str | None, reward_names: list[str]) ->
             "set it to one of those names, or leave it unset to use the first."
         )
     return reward_names.index(success_reward or reward_names[0])
+
+
+def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, source: str) -> None:
+    """Refuses a `seed_dataset` none of whose seeds can ever be cut (empty, one token, an EOS first, or a text seed
+    without a boundary within the budget): it would seed nothing, and the run would be plain GRPO without a word."""
+    if table is None or table.num_rows == 0:
+        return
+    for rollout_id, ids in zip(table.column("rollout_id").to_pylist(), table.column("completion_ids").to_pylist()):
+        upper = max_cut(ids, eos_token_ids, budget)
+        allowed = text_cuts.get(rollout_id)
+        if upper >= 1 and (allowed is None or np.any((allowed >= 1) & (allowed <= upper))):
+            return
+    raise ValueError(
+        f"{source}: none of its {table.num_rows} seeds can be cut (each is empty, one token long, starts with an EOS "
+        f"token, or has no text boundary within max_completion_length={budget}), so it would seed nothing. Seed from "
+        "a dataset of longer responses, or leave seed_dataset unset."
+    )

@@ -54,7 +54,13 @@ from ..store.seed_store import (
 )
 from ..tiny import save_base_for_adapter
 from .backends import SeededBackend, replaced
-from .checks import check_one_generation_fits, check_seedable_dataset, check_single_turn, check_success_reward
+from .checks import (
+    check_one_generation_fits,
+    check_seedable_dataset,
+    check_seeds_cuttable,
+    check_single_turn,
+    check_success_reward,
+)
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
@@ -117,6 +123,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             text_cuts=self.seed_store.text_cuts,
         )
         self.seed_store.checkpoint_state = self.planner.state
+        if args.seed_method != "none" and args.seed_dataset is not None:
+            source = f"seed_dataset={args.seed_dataset!r}"
+            store = self.seed_store
+            check_seeds_cuttable(
+                store.external_seeds, store.text_cuts, self.eos_token_ids, self.max_completion_length, source
+            )
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._seed_batch: SeedBatch | None = None  # the generation batch being made, see `_generate_and_score_...`
