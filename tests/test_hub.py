@@ -341,6 +341,7 @@ def test_a_private_pushed_run_keeps_its_seeds_out_of_the_model_repo(hub, make_tr
     model_files = hub.files("org/model", repo_type="model")
     assert "README.md" in model_files and "model.safetensors" in model_files
     assert not [path for path in model_files if path.startswith("seeds")]  # no shard, manifest or card of the seeds
+    assert ".ts_trl.lock" not in model_files  # the output_dir's lock (issue 40) is local
     assert (tmp_path / "run" / "seeds" / "step-000002.parquet").is_file()  # still the full local copy
     assert "model.safetensors" in hub.lfs_paths("org/model", repo_type="model")
     seed_files = sorted(path for path in hub.files("org/model-seeds") if path.startswith("data/"))

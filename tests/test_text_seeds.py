@@ -238,7 +238,9 @@ def test_character_seeds_in_a_word_level_run_are_cut_where_its_tokens_agree(make
     for i, row in enumerate(dataset):
         text = task.solutions(row["prompt"])[1]
         ids = char(text)["input_ids"]
-        rollouts.append(Rollout(f"char-{i}", row["prompt_id"], "elsewhere", text, ids, [-0.5] * len(ids), 1.0, 7))
+        # The prompt as the other run stored it (whitespace aside, it must be this row's: issue 40 item 9)
+        stored = " ".join(row["prompt"].split())
+        rollouts.append(Rollout(f"char-{i}", row["prompt_id"], stored, text, ids, [-0.5] * len(ids), 1.0, 7))
     (tmp_path / "char").mkdir()
     table = rollouts_to_table(rollouts, "checkpoint-7", "char model", tokenizer_fingerprint(char), [])
     write_shard(table, tmp_path / "char" / "step-000007.parquet")

@@ -34,6 +34,7 @@ from .format import (
     SEEDS_DIR,
     SeedManifest,
     atomic_write_json,
+    check_text,
     file_sha256,
     load_seed_table,
     prompt_id_of,
@@ -121,6 +122,13 @@ def read_external_seeds(
     if settings.seed_dataset is None:
         return None
     source = f"seed_dataset={settings.seed_dataset!r}"
+    local = Path(settings.seed_dataset).expanduser().resolve()
+    output_dir = Path(settings.output_dir).expanduser().resolve()
+    if local.exists() and (local == output_dir or local.is_relative_to(output_dir)):
+        raise ValueError(
+            f"{source} lies in this run's own output_dir ({output_dir}): the run would seed from the shards it writes, "
+            "which a resume sets aside. Seed from another run's output_dir (or a copy of it)."
+        )
     key = _cache_key(settings, tokenizer_fp, train_dataset, success_reward)
     cached = _read_cache(Path(settings.output_dir) / CACHE_DIR, key, source)
     if cached is not None:
@@ -132,6 +140,8 @@ def read_external_seeds(
     provenance = {"dataset": settings.seed_dataset, "revision": revision, **_source_model(table)}
     if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
         seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), settings.seed_dataset_same_tokenizer)
+        if "prompt" in seeds.column_names and hasattr(train_dataset, "column_names"):
+            check_prompt_texts(seeds.column("prompt_id"), seeds.column("prompt"), train_dataset, source)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
         if settings.seed_filter:
             logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
@@ -209,7 +219,7 @@ def _is_data_file(path: Path, root: Path) -> bool:
 def _read_file(path: Path, source: str) -> pa.Table:
     try:
         if path.suffix == ".parquet":
-            return pq.read_table(path)
+            return check_text(pq.read_table(path), path)
         if path.suffix == ".csv":
             return pa_csv.read_csv(path)
         text = path.read_text()
@@ -328,6 +338,31 @@ def normalised(prompt) -> list[str]:
     return [key for key in dict.fromkeys(keys) if key]
 
 
+def same_prompt(one, other) -> bool:
+    """Whether two prompts (text, messages or their JSON) are one, up to Unicode form and whitespace."""
+    return bool(set(normalised(one)) & set(normalised(other))) or not normalised(one) or not normalised(other)
+
+
+def check_prompt_texts(prompt_ids, prompts, train_dataset, source: str) -> None:
+    """Refuses, in one line, a seed whose `prompt_id` names another prompt in this training set: its rollout would
+    be continued as the answer to a prompt it never saw."""
+    if not hasattr(train_dataset, "__len__"):
+        return
+    ours = dict(zip(_prompt_ids(train_dataset), train_dataset["prompt"]))
+    checked = set()
+    for prompt_id, prompt in zip(list(prompt_ids), list(prompts)):
+        prompt_id = None if prompt_id is None else str(prompt_id)
+        if prompt_id not in ours or prompt is None or (prompt_id, str(prompt)) in checked:
+            continue
+        checked.add((prompt_id, str(prompt)))
+        if not same_prompt(prompt, ours[prompt_id]):
+            raise ValueError(
+                f"{source}: prompt_id {prompt_id!r} is the prompt {str(prompt)[:60]!r} there, but "
+                f"{str(ours[prompt_id])[:60]!r} in this training set, so its seeds would continue another prompt. "
+                "Seed from a dataset of this training set, or give the training prompts ids that mean the same prompts."
+            )
+
+
 def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int | None]:
     """The training row each trace's prompt is, by `prompt_id`, else by normalised text; None where none matches.
 
@@ -345,6 +380,7 @@ def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int |
         by_id.setdefault(str(prompt_id) if prompt_id is not None else prompt_id_of(prompt), row)
         for key in normalised(prompt):
             by_text.setdefault(key, row)
+    check_prompt_texts([t.prompt_id for t in traces], [t.prompt for t in traces], train_dataset, source)
     rows = []
     for trace in traces:
         row = by_id.get(trace.prompt_id) if trace.prompt_id is not None else None
@@ -433,6 +469,7 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
     """
     rows = match_prompts(traces, train_dataset, source)
     kept = [i for i, row in enumerate(rows) if row is not None]
+    _check_characters([traces[i].text for i in kept], tokenizer, settings.max_completion_length, source)
     provenance = {"matched": len(kept)}
     rewards = {i: traces[i].reward for i in kept}
     if settings.seed_filter == "success":
@@ -453,17 +490,44 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
                 f"{settings.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
                 "none. Check the traces' answers, or leave seed_filter unset."
             )
+    ids = [traces[i].rollout_id or f"trace-{i}" for i in kept]
+    twice = next((rollout_id for n, rollout_id in enumerate(ids) if rollout_id in ids[:n]), None)
+    if twice is not None:
+        raise ValueError(
+            f"{source}: rollout_id {twice!r} names two traces (several files numbering their rows alike?); a seed's "
+            "id must be unique. Make the ids unique across files (e.g. prefix each with its file's name), or drop the "
+            "rollout_id column."
+        )
     tokenised = {i: retokenise(tokenizer, traces[i].text, settings.cut_at_newline) for i in kept}
     _check_budget([len(tokenised[i][0]) for i in kept], settings.max_completion_length, source)
     prompt_ids = _prompt_ids(train_dataset)
     table = seed_rows_table(
-        [traces[i].rollout_id or f"trace-{i}" for i in kept],
+        ids,
         [prompt_ids[rows[i]] for i in kept],
         [tokenised[i] for i in kept],
         [rewards[i] for i in kept],
     )
     provenance["kept"] = len(kept)
     return ExternalSeeds(table, provenance, _cuts_of(table))
+
+
+def _check_characters(texts: list[str], tokenizer, budget: int, source: str) -> None:
+    """Refuses traces that cannot fit `budget` tokens by their length alone, before any is tokenised or scored.
+
+    No token decodes to more characters than the longest vocabulary entry (byte-level entries spell a character with
+    one or more), so a trace with more non-blank characters than `budget` such tokens (twice, for normalisers that
+    merge characters) is over the budget whatever its tokens; tokenising 200,000 characters would take seconds each.
+    """
+    longest_token = max((len(token) for token in tokenizer.get_vocab()), default=1)
+    limit = 2 * budget * max(longest_token, 1)
+    lengths = [len("".join(text.split())) for text in texts if len(text) > limit]
+    too_long = [n for n in lengths if n > limit]
+    if too_long:
+        raise ValueError(
+            f"{source}: {len(too_long)} of its {len(texts)} traces are over {limit} characters (the longest: "
+            f"{max(too_long)}), more than max_completion_length={budget} tokens of this tokenizer can hold. Raise "
+            "max_completion_length, or drop the long traces from the dataset."
+        )
 
 
 def _check_budget(lengths: list[int], budget: int, source: str) -> None:

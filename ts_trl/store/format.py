@@ -16,6 +16,7 @@ of the columns the bank reads, so that a damaged copy of either can be recovered
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ SEEDS_DIR = "seeds"
 MANIFEST = "manifest.json"
 BANK_DIR = "bank"
 MANIFEST_FORMAT = 2  # 2: every shard entry carries `sha256` and `bank_sha256`; 1 (no checksums) is still read
+MANIFEST_KEYS = ("format", "run_id", "model", "tokenizer", "shards", "external")  # others are kept as they are
 SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
 TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")  # `atomic_write`'s temporary files: `.<name>.tmp-<pid>`
 
@@ -191,8 +193,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> str:
             os.fsync(f.fileno())
         checksum = file_sha256(temporary)
         os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
+    except BaseException as error:
+        with contextlib.suppress(OSError):  # the cleanup's own failure (a read-only disk) must not hide the cause
+            temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise _write_error(path, error) from None
         raise
     with contextlib.suppress(OSError):  # the rename itself survives a power cut once the folder is flushed
         folder = os.open(path.parent, os.O_RDONLY)
@@ -201,6 +206,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> str:
         finally:
             os.close(folder)
     return checksum
+
+
+def _write_error(path: Path, error: OSError) -> OSError:
+    """One line naming the file that could not be written, and why; the file's previous version is untouched."""
+    code = error.errno  # pyarrow's writers set it too
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        why = "the disk is full (or over quota)"
+        fix = f"Free space on the disk of {path.parent}, then resume from the last checkpoint"
+    else:
+        why = " ".join(str(error).split())
+        fix = "Fix the folder, then resume from the last checkpoint"
+    return OSError(
+        code,
+        f"Cannot write {path}: {why}. The files written before it are whole and listed in the manifest. {fix}.",
+    )
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
@@ -268,6 +288,16 @@ def _is_other_live_process(pid: int) -> bool:
 # The manifest
 
 
+def hub_cache_blobs(folder: Path) -> Path | None:
+    """The `blobs/` folder of the Hugging Face cache repo whose snapshot holds `folder`, if it lies in one: the cache
+    stores a snapshot's files as symbolic links into it, so a downloaded seeds folder's files lead there."""
+    parts = Path(folder).absolute().parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith(("datasets--", "models--")):
+            return (Path(*parts[:i]) / "blobs").resolve()
+    return None
+
+
 class SeedManifest:
     """The shards of a run's seed dataset (`seeds/manifest.json`), with their checksums; replaced atomically."""
 
@@ -284,6 +314,7 @@ class SeedManifest:
         self.run_id, self.model, self.tokenizer = run_id, model, tokenizer
         self.shards = shards or []
         self.external = external  # where the run's `seed_dataset` came from (see `external_seeds.py`), if any
+        self.extra: dict = {}  # keys this release does not know (a later tool's), written back unchanged
 
     @staticmethod
     def path(seeds_dir: str | os.PathLike) -> Path:
@@ -297,11 +328,28 @@ class SeedManifest:
             return None
         try:
             payload = json.loads(path.read_text())
+            version = payload.get("format", 1)
             manifest = cls(seeds_dir, payload["run_id"], payload["model"], payload["tokenizer"], payload["shards"])
             manifest.external = payload.get("external")
+            manifest.extra = {k: v for k, v in payload.items() if k not in MANIFEST_KEYS}
             names = [(s["file"], s.get("bank_file")) for s in manifest.shards]
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path} is not a readable seed manifest ({type(error).__name__}: {error}).") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"{path} is not a readable seed manifest ({type(error).__name__}: {error}). Restore it (a copy, or "
+                "the Hub seed dataset), or move the seeds folder away to start a new run."
+            ) from None
+        if not isinstance(version, int) or version > MANIFEST_FORMAT:
+            raise ValueError(
+                f"{path} is a seed manifest of format {version}, written by a later ts_trl (this one reads formats up "
+                f"to {MANIFEST_FORMAT}); it is left unchanged. Upgrade ts_trl to read or continue this run."
+            )
+        files = [name for pair in names for name in pair if name is not None]
+        twice = [name for i, name in enumerate(files) if name in files[:i]]
+        if twice:
+            raise ValueError(
+                f"{path} lists {twice[0]} twice; each shard has one entry, so its rows would be read twice. Remove "
+                "the repeated entry."
+            )
         for name in (n for pair in names for n in pair if n is not None):
             manifest.resolve(name)
         return manifest
@@ -314,7 +362,9 @@ class SeedManifest:
         """
         root = self.seeds_dir.resolve()
         target = (self.seeds_dir / name).resolve()
-        if Path(name).is_absolute() or ".." in Path(name).parts or not target.is_relative_to(root):
+        blobs = hub_cache_blobs(self.seeds_dir)
+        inside = target.is_relative_to(root) or (blobs is not None and target.is_relative_to(blobs))
+        if Path(name).is_absolute() or ".." in Path(name).parts or not inside:
             raise ValueError(
                 f"{self.path(self.seeds_dir)} names the file {name!r}, which lies outside {self.seeds_dir}; a seed "
                 "dataset's files must be inside its folder. Remove that entry, or copy the file into the folder."
@@ -323,6 +373,7 @@ class SeedManifest:
 
     def save(self) -> None:
         payload = {
+            **self.extra,
             "format": MANIFEST_FORMAT,
             "run_id": self.run_id,
             "model": self.model,
@@ -361,8 +412,7 @@ class SeedManifest:
         later = [s for s in self.shards if s["step"] > step]
         if not later:
             return []
-        target = self.seeds_dir / "superseded" / time.strftime("%Y%m%d-%H%M%S")
-        target.mkdir(parents=True, exist_ok=True)
+        target = set_aside_folder(self.seeds_dir / "superseded")
         for s in later:
             for name in (s["file"], s.get("bank_file")):
                 if name and self.resolve(name).exists():
@@ -371,6 +421,39 @@ class SeedManifest:
         self.shards = [s for s in self.shards if s["step"] <= step]
         self.save()
         return [s["file"] for s in later]
+
+
+def set_aside_folder(root: Path) -> Path:
+    """A new folder under `root` named by the time to the second, suffixed `-2`, `-3`... when that name is taken:
+    two set-asides in one second must not overwrite each other's files."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1, 10_000):
+        target = root / (stamp if attempt == 1 else f"{stamp}-{attempt}")
+        try:
+            target.mkdir()
+        except FileExistsError:
+            continue
+        return target
+    raise FileExistsError(f"{root} holds 9999 folders named {stamp}*; move some away.")
+
+
+def set_aside_unlisted(seeds_dir: str | os.PathLike, listed: set[str]) -> list[str]:
+    """Moves the shards and bank files in `seeds_dir` that `listed` (the manifest's names) lacks to `superseded/`.
+
+    Such files are a crash's (renamed into place before the manifest listed them) or an earlier run's without a
+    manifest: `load_dataset` would read them as this run's seeds, and this run would overwrite them.
+    """
+    seeds_dir = Path(seeds_dir)
+    found = [*seeds_dir.glob("step-*.parquet"), *(seeds_dir / BANK_DIR).glob("step-*.arrow")]
+    unlisted = sorted(name for name in (p.relative_to(seeds_dir).as_posix() for p in found) if name not in listed)
+    if not unlisted:
+        return []
+    target = set_aside_folder(seeds_dir / "superseded")
+    for name in unlisted:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(seeds_dir / name, target / name)
+    return unlisted
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -480,10 +563,24 @@ def read_table(paths: Sequence[Path], columns: Sequence[str] | None = None) -> p
     tables = []
     for path in paths:
         try:
-            tables.append(pq.read_table(path, columns=None if columns is None else list(columns)))
+            tables.append(check_text(pq.read_table(path, columns=None if columns is None else list(columns)), path))
         except (pa.ArrowInvalid, OSError) as error:
             raise ValueError(f"Cannot read the seed shard {path}: {error}. Restore or remove the file.") from None
     return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def check_text(table: pa.Table, path: str | os.PathLike) -> pa.Table:
+    """`table`, once its text columns are checked to be UTF-8: Parquet readers do not check, and a bad byte would
+    otherwise surface as a `UnicodeDecodeError` at the first step that reads the row."""
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid as error:
+                raise ValueError(
+                    f"{path}: column {name!r} holds text that is not valid UTF-8 ({error}). Repair or remove the file."
+                ) from None
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------------

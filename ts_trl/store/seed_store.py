@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
@@ -39,6 +40,7 @@ from .format import (
     read_bank_table,
     remove_stale_temporaries,
     rollouts_to_table,
+    set_aside_unlisted,
     shard_name,
     tokenizer_fingerprint,
     verify_shards,
@@ -47,6 +49,7 @@ from .format import (
     write_shard,
 )
 from .hub import SeedHubPusher
+from .lock import OutputDirLock
 
 logger = logging.getLogger(__name__)
 HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
@@ -213,6 +216,7 @@ class SeedStore:
         # Main process: the rollouts of all ranks since the last snapshot, as Arrow tables (the shard's own columns,
         # ~8 bytes a token plus the text) rather than Python lists (~36 bytes a token).
         self.unsnapshotted: list[pa.Table] = []
+        self.lock = OutputDirLock(self.output_dir)  # held by the main process from `start` to `release`
         self.pusher = None
         if self.hub_dataset_id is not None and accelerator.is_main_process:
             self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
@@ -228,12 +232,14 @@ class SeedStore:
         self.bank = SeedBank(*self.success)
         self.pending, self.unsnapshotted, self.resumed_state = [], [], {}
         fill_bank(self.bank, self.external_seeds, external=True)
+        self._hold_output_dir()
         if accelerator.is_main_process:  # the one writer, before it writes: what a killed writer left is stale
             folders = [self.seeds_dir, self.seeds_dir / BANK_DIR, *self.output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")]
             for path in remove_stale_temporaries(folders):
                 logger.info(f"Removed {path}, left by a write that did not finish.")
         if checkpoint is not None:
             resume = self.check_resume(checkpoint)
+            self._check_seed_dataset_unchanged(checkpoint, resume.manifest)
             fill_bank(self.bank, self._read_bank(resume))
             self.bank.mark_snapshotted()
             self.resumed_state = resume.state
@@ -256,6 +262,13 @@ class SeedStore:
         self.run_id = broadcast_object_list([run_id])[0] if accelerator.num_processes > 1 else run_id
         if accelerator.is_main_process:
             self.seeds_dir.mkdir(parents=True, exist_ok=True)
+            listed = {n for s in (manifest.shards if manifest else []) for n in (s["file"], s.get("bank_file")) if n}
+            moved = set_aside_unlisted(self.seeds_dir, listed)
+            if moved:
+                logger.warning(
+                    f"{self.seeds_dir} held {len(moved)} file(s) its manifest does not list ({', '.join(moved[:3])}): "
+                    "a crash's or an earlier run's; they were moved to seeds/superseded/ rather than read or overwritten."
+                )
             if manifest is None:
                 manifest = SeedManifest(self.seeds_dir, self.run_id, self.model_name, self.tokenizer_fp)
                 manifest.external = self.external_provenance
@@ -264,6 +277,23 @@ class SeedStore:
                 manifest.external = self.external_provenance
                 manifest.save()
             self.manifest = manifest
+
+    def _hold_output_dir(self) -> None:
+        """The main process locks the output_dir (one line when another run holds it); every rank stops with it."""
+        problem = None
+        if self.accelerator.is_main_process:
+            try:
+                self.lock.acquire()
+            except ValueError as error:
+                problem = str(error)
+        if self.accelerator.num_processes > 1:
+            problem = broadcast_object_list([problem])[0]
+        if problem is not None:
+            raise ValueError(problem)
+
+    def release(self) -> None:
+        """Lets go of the output_dir, at the end of `train` however it ended."""
+        self.lock.release()
 
     def check_resume(self, checkpoint: str | os.PathLike) -> Resume:
         """The shards that rebuild the bank `checkpoint` saw; a one-line `ValueError` when this folder lacks them.
@@ -289,7 +319,15 @@ class SeedStore:
                 "of seed_selection='passrate' start afresh."
             )
             return Resume(checkpoint, step, manifest, [s for s in manifest.shards if s["step"] <= step])
-        pointer = json.loads(pointer_path.read_text())
+        try:
+            pointer = json.loads(pointer_path.read_text())
+            pointer["shards"] = [dict(s) for s in pointer["shards"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: {pointer_path} is damaged ({type(error).__name__}: {error}), so "
+                "nothing says which seeds that checkpoint saw. Resume from another checkpoint, or delete that file to "
+                "rebuild the bank from the shards up to its step."
+            ) from None
         current = {s["file"]: s for s in manifest.shards}
         identity = [{k: s.get(k) for k in SHARD_IDENTITY} for s in pointer["shards"]]
         missing = [s["file"] for s in identity if {k: current.get(s["file"], {}).get(k) for k in SHARD_IDENTITY} != s]
@@ -304,8 +342,22 @@ class SeedStore:
                 f"Resume from a checkpoint of the run in {self.seeds_dir}, or start a new run in another output_dir."
             )
         self._check_tokenizer(checkpoint, manifest)
+        self._check_reward_columns(checkpoint, manifest)
         shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
         return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
+
+    def _check_seed_dataset_unchanged(self, checkpoint, manifest: SeedManifest) -> None:
+        """A resumed run's `seed_dataset` must give the bank it gave: a same-tokenizer seed dataset is read afresh
+        (text seeds come from the run's cache), so one that gained or lost rows would change the bank."""
+        then, now = manifest.external or {}, self.external_provenance or {}
+        if then.get("kind") != "seed dataset" or now.get("kind") != "seed dataset":
+            return
+        if (then.get("dataset"), then.get("rows")) != (now.get("dataset"), now.get("rows")):
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: its seed_dataset changed since the run started "
+                f"({then.get('dataset')}, {then.get('rows')} rows then; {now.get('dataset')}, {now.get('rows')} rows "
+                "now), so the bank would differ. Resume with the seed dataset as it was (e.g. a copy), or start a new run."
+            )
 
     def _check_tokenizer(self, checkpoint: Path, manifest: SeedManifest) -> None:
         if manifest.tokenizer != self.tokenizer_fp:
@@ -314,6 +366,43 @@ class SeedStore:
                 f"(fingerprint {manifest.tokenizer!r}, this run's is {self.tokenizer_fp!r}). Resume with the run's own "
                 "tokenizer."
             )
+
+    def _check_reward_columns(self, checkpoint: Path, manifest: SeedManifest) -> None:
+        """A resumed run writes the same `reward_<name>` columns as its shards hold: shards that disagree on columns
+        do not load as one dataset (`load_dataset` fails on the seeds folder)."""
+        if not manifest.shards:
+            return
+        try:
+            names = pq.read_schema(manifest.resolve(manifest.shards[-1]["file"])).names
+        except (pa.ArrowInvalid, OSError):  # a missing or damaged shard is named when the bank is read
+            return
+        found = [n for n in names if n.startswith("reward_")]
+        expected = [f"reward_{name}" for name in self.reward_names]
+        if found != expected:
+            raise ValueError(
+                f"Cannot resume from {checkpoint} with these reward functions: its seed shards have the columns "
+                f"{found}, this run would write {expected}, and shards with other columns do not load as one "
+                "dataset. Resume with the run's reward functions (same names, same order), or start a new run."
+            )
+
+    def check_unchanged(self) -> None:
+        """Stops the run in one line when the files its manifest lists vanished from disk while it trained (all
+        ranks): a checkpoint would then name seeds that are gone, and could not be resumed."""
+        problem = None
+        if self.accelerator.is_main_process and self.manifest is not None:
+            lost = [s["file"] for s in self.manifest.shards if not self.manifest.resolve(s["file"]).is_file()]
+            if not SeedManifest.path(self.seeds_dir).is_file():
+                lost.insert(0, "manifest.json")
+            if lost:
+                problem = (
+                    f"{self.seeds_dir} lost {', '.join(lost[:4])}{' ...' if len(lost) > 4 else ''} while this run "
+                    "trained: a checkpoint now would name seeds that are gone. Restore the files and resume from the "
+                    "last checkpoint, or start a new run in another output_dir."
+                )
+        if self.accelerator.num_processes > 1:
+            problem = broadcast_object_list([problem])[0]
+        if problem is not None:
+            raise ValueError(problem)
 
     def _read_bank(self, resume: Resume) -> pa.Table | None:
         """The bank columns of a resume's shards, each from a whole copy. The main process checks the checksums and
@@ -364,6 +453,7 @@ class SeedStore:
         if self.run_id is None:
             return None
         self.flush()
+        self.check_unchanged()
         path = None
         # An empty shard marks a checkpoint without new rollouts; one already written for this step is kept (a step
         # can both reach `snapshot_steps` and save a checkpoint).

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
+
+from ..method.cutting import max_cut
+
 PROMPTS_CHECKED = 2000  # prompts of a dataset measured against the budget at construction
 
 
@@ -31,6 +37,22 @@ def check_one_generation_fits(dataset, generation_batch_size: int, num_generatio
         )
 
 
+def check_prompt_ids(prompt_ids, prompts) -> None:
+    """Seeds are banked and drawn by `prompt_id`: two prompts under one id would continue each other's rollouts."""
+    first: dict[str, tuple[int, str]] = {}
+    for index, (prompt_id, prompt) in enumerate(zip(prompt_ids, prompts)):
+        if prompt_id is None:  # such a row's id is its prompt's hash
+            continue
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+        seen, seen_text = first.setdefault(str(prompt_id), (index, text))
+        if seen_text != text:
+            raise ValueError(
+                f"Rows {seen} and {index} of the training dataset share prompt_id {str(prompt_id)!r} but hold different "
+                "prompts; seeds are banked by prompt_id, so one prompt would be continued from the other's rollouts. "
+                "Give each prompt its own id, or drop the prompt_id column (each prompt's hash is then its id)."
+            )
+
+
 def check_seedable_dataset(
     dataset, tokenizer, max_completion_length: int, max_positions: int | None, engine_len: int | None
 ) -> None:
@@ -47,6 +69,8 @@ def check_seedable_dataset(
         )
     if not hasattr(dataset, "__len__"):
         return  # an IterableDataset is checked batch by batch
+    if columns is not None and "prompt_id" in columns:
+        check_prompt_ids(dataset["prompt_id"], dataset["prompt"])
     prompts = (
         list(dataset.select(range(min(len(dataset), PROMPTS_CHECKED)))["prompt"]) if hasattr(dataset, "select") else []
     )
@@ -83,3 +107,20 @@ def check_success_reward(success_reward: str | None, reward_names: list[str]) ->
             "set it to one of those names, or leave it unset to use the first."
         )
     return reward_names.index(success_reward or reward_names[0])
+
+
+def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, source: str) -> None:
+    """Refuses a `seed_dataset` none of whose seeds can ever be cut (empty, one token, an EOS first, or a text seed
+    without a boundary within the budget): it would seed nothing, and the run would be plain GRPO without a word."""
+    if table is None or table.num_rows == 0:
+        return
+    for rollout_id, ids in zip(table.column("rollout_id").to_pylist(), table.column("completion_ids").to_pylist()):
+        upper = max_cut(ids, eos_token_ids, budget)
+        allowed = text_cuts.get(rollout_id)
+        if upper >= 1 and (allowed is None or np.any((allowed >= 1) & (allowed <= upper))):
+            return
+    raise ValueError(
+        f"{source}: none of its {table.num_rows} seeds can be cut (each is empty, one token long, starts with an EOS "
+        f"token, or has no text boundary within max_completion_length={budget}), so it would seed nothing. Seed from "
+        "a dataset of longer responses, or leave seed_dataset unset."
+    )

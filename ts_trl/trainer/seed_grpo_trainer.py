@@ -54,7 +54,13 @@ from ..store.seed_store import (
 )
 from ..tiny import save_base_for_adapter
 from .backends import SeededBackend, replaced
-from .checks import check_one_generation_fits, check_seedable_dataset, check_single_turn, check_success_reward
+from .checks import (
+    check_one_generation_fits,
+    check_seedable_dataset,
+    check_seeds_cuttable,
+    check_single_turn,
+    check_success_reward,
+)
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
@@ -117,6 +123,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             text_cuts=self.seed_store.text_cuts,
         )
         self.seed_store.checkpoint_state = self.planner.state
+        if args.seed_method != "none" and args.seed_dataset is not None:
+            source = f"seed_dataset={args.seed_dataset!r}"
+            store = self.seed_store
+            check_seeds_cuttable(
+                store.external_seeds, store.text_cuts, self.eos_token_ids, self.max_completion_length, source
+            )
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._seed_batch: SeedBatch | None = None  # the generation batch being made, see `_generate_and_score_...`
@@ -161,11 +173,14 @@ class SeedGRPOTrainer(GRPOTrainer):
             check_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if resume_from_checkpoint is True:  # transformers would take the newest folder, even one a crash left empty
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
-        if self.args.seed_method != "none":
-            self.seed_store.start(resume_from_checkpoint or None)
-            self.planner.reset(self.seed_store.resumed_state.get("planner"))
-        with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        try:
+            if self.args.seed_method != "none":
+                self.seed_store.start(resume_from_checkpoint or None)
+                self.planner.reset(self.seed_store.resumed_state.get("planner"))
+            with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
+                return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            self.seed_store.release()  # the output_dir is free for the next run (or this one's resume)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Generation: plan the cuts, splice, record

@@ -1,0 +1,451 @@
+"""Seed data under real operations (issue 40): two runs in one folder, set-asides in one second, damaged or foreign
+manifests and pointers, full and read-only disks, prompt ids that mean two prompts."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from tests.conftest import seed_manifest, tiny_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _one_line(error) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 1. One run at a time in an output_dir
+
+
+class RunBeside(TrainerCallback):
+    """At step 2 of the first run, starts a second one (fresh, then resumed) in the same folder, and records how each
+    was refused."""
+
+    def __init__(self, make_second):
+        self.make_second, self.refusals = make_second, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != 2:
+            return
+        for resume in (None, str(Path(args.output_dir) / "checkpoint-1")):
+            with pytest.raises(ValueError) as error:
+                self.make_second().train(resume_from_checkpoint=resume)
+            self.refusals.append(_one_line(error))
+
+
+def test_a_second_run_in_the_same_output_dir_is_refused_while_the_first_lives(make_trainer):
+    settings = dict(dataset=tiny_prompts(2), max_steps=3, save_steps=1)
+    first = make_trainer(**settings)
+    watch = RunBeside(lambda: make_trainer(**settings))
+    first.add_callback(watch)
+    first.train()
+    assert len(watch.refusals) == 2 and all("in use" in r and first.args.output_dir in r for r in watch.refusals)
+    # The first run's seeds are whole: its manifest lists its three shards, and its checkpoints resume.
+    assert [s["step"] for s in seed_manifest(first.args.output_dir)["shards"]] == [1, 2, 3]
+    second = make_trainer(**{**settings, "max_steps": 4})
+    second.train(resume_from_checkpoint=str(Path(first.args.output_dir) / "checkpoint-3"))  # the lock was let go
+    assert second.state.global_step == 4
+
+
+CHILD = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.conftest import TINY_SETTINGS, count_reward, tiny_prompts
+from transformers import TrainerCallback
+from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+class Hang(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 3:  # checkpoint-2 is saved after step 2's callbacks
+            Path({marker!r}).write_text("training")
+            signal.pause()  # killed here by the test, as a node failure would
+
+args = SeedGRPOConfig(**{{**TINY_SETTINGS, "output_dir": {output_dir!r}, "max_steps": 4, "save_steps": 1}})
+tokenizer = build_tokenizer()
+trainer = SeedGRPOTrainer(model=build_tiny_model(tokenizer), reward_funcs=count_reward, args=args,
+                          train_dataset=tiny_prompts(2), processing_class=tokenizer, callbacks=[Hang()])
+trainer.train()
+"""
+
+
+def test_a_killed_runs_folder_is_refused_while_it_lives_then_resumes(make_trainer, tmp_path):
+    output_dir, marker = tmp_path / "run", tmp_path / "marker"
+    script = CHILD.format(repo=str(REPO), marker=str(marker), output_dir=str(output_dir))
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env={**os.environ, "PYTHONPATH": ""})
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert child.poll() is None, "the first run ended before step 3"
+            assert time.monotonic() < deadline, "the first run did not reach step 3"
+            time.sleep(0.5)
+        with pytest.raises(ValueError) as error:  # another process holds the folder
+            make_trainer(dataset=tiny_prompts(2), save_steps=1).train(str(output_dir / "checkpoint-1"))
+        assert "in use" in _one_line(error) and f"pid {child.pid}" in str(error.value)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    resumed = make_trainer(dataset=tiny_prompts(2), save_steps=1, max_steps=3)
+    resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))  # a killed run leaves no lock behind
+    assert resumed.state.global_step == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 7. Set-asides in one second
+
+
+def test_set_asides_in_one_second_keep_every_shard(make_trainer, monkeypatch):
+    monkeypatch.setattr(time, "strftime", lambda *args: "20260101-000000")  # every set-aside in the same second
+    shards = []
+    for _ in range(3):  # runs 2 and 3 each find the previous run's seeds and set them aside
+        trainer = make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+        trainer.train()
+        shards += [s["sha256"] for s in seed_manifest(trainer.args.output_dir)["shards"]]
+    superseded = Path(trainer.args.output_dir) / "seeds" / "superseded"
+    kept = sorted(p for p in superseded.rglob("*.parquet"))
+    assert len(kept) == 4  # runs 1 and 2, two shards each: none overwritten
+    from ts_trl.store.format import file_sha256
+
+    assert sorted(map(file_sha256, kept)) == sorted(shards[:4])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 12. Manifests and pointers that are not this release's, damaged or malformed
+
+
+@pytest.fixture
+def finished_run(make_trainer):
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+    trainer.train()
+    return Path(trainer.args.output_dir)
+
+
+def _edit_manifest(output_dir: Path, edit) -> Path:
+    path = output_dir / "seeds" / "manifest.json"
+    payload = json.loads(path.read_text())
+    edit(payload)
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def _resume(make_trainer, output_dir: Path, step: int = 2, max_steps: int = 3):
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=max_steps, save_steps=1)
+    trainer.train(resume_from_checkpoint=str(output_dir / f"checkpoint-{step}"))
+    return trainer
+
+
+def test_a_manifest_of_a_later_format_is_refused_and_left_alone(make_trainer, finished_run):
+    path = _edit_manifest(finished_run, lambda payload: payload.update(format=99))
+    before = path.read_bytes()
+    with pytest.raises(ValueError) as error:
+        _resume(make_trainer, finished_run)
+    assert "format 99" in _one_line(error) and str(path) in str(error.value)
+    assert path.read_bytes() == before
+
+
+def test_unknown_manifest_keys_are_kept(make_trainer, finished_run):
+    _edit_manifest(finished_run, lambda payload: payload.update(curated_by="a later tool"))
+    _resume(make_trainer, finished_run)
+    manifest = seed_manifest(finished_run)
+    assert manifest["curated_by"] == "a later tool" and [s["step"] for s in manifest["shards"]] == [1, 2, 3]
+
+
+def test_a_shard_listed_twice_is_refused(make_trainer, finished_run):
+    path = _edit_manifest(finished_run, lambda payload: payload["shards"].append(dict(payload["shards"][0])))
+    with pytest.raises(ValueError) as error:
+        _resume(make_trainer, finished_run)
+    assert "step-000001.parquet" in _one_line(error) and "twice" in str(error.value) and str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2],
+        lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "shards"}),
+    ],
+    ids=["truncated", "no-shards"],
+)
+def test_a_damaged_checkpoint_pointer_is_named_in_one_line(make_trainer, finished_run, damage):
+    pointer = finished_run / "checkpoint-2" / "seed_snapshot.json"
+    pointer.write_text(damage(pointer.read_text()))
+    with pytest.raises(ValueError) as error:
+        _resume(make_trainer, finished_run)
+    assert str(pointer) in _one_line(error)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 12. Full and read-only disks (a small tmpfs; mounting needs root)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_while_writing_a_shard_is_named_in_one_line(make_trainer, small_disk):
+    trainer = make_trainer(
+        dataset=tiny_prompts(2),
+        output_dir=str(small_disk / "run"),
+        save_strategy="no",
+        seed_snapshot_steps=1,
+        max_steps=200,
+        max_completion_length=64,
+    )
+    with pytest.raises(OSError) as error:
+        trainer.train()
+    message = _one_line(error)
+    assert "full" in message and str(small_disk / "run" / "seeds") in message
+    assert trainer.state.global_step < 200
+    manifest = seed_manifest(small_disk / "run")  # what was written before is listed and whole
+    from ts_trl.store.format import file_sha256
+
+    for shard in manifest["shards"]:
+        assert file_sha256(small_disk / "run" / "seeds" / shard["file"]) == shard["sha256"]
+
+
+def test_a_read_only_output_dir_is_refused_before_training(make_trainer, small_disk):
+    (small_disk / "run").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    trainer = make_trainer(dataset=tiny_prompts(2), output_dir=str(small_disk / "run"))
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    assert "not writable" in _one_line(error) and str(small_disk / "run") in str(error.value)
+    assert trainer.state.global_step == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 9. Prompt ids
+
+
+def test_a_training_set_with_two_prompts_under_one_prompt_id_is_refused(make_trainer):
+    dataset = Dataset.from_dict({"prompt": ["Q: 1+2=", "Q: 2+3=", "Q: 3+4="], "prompt_id": ["a", "b", "a"]})
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset)
+    message = _one_line(error)
+    assert "'a'" in message and "prompt_id" in message
+    make_trainer(dataset=Dataset.from_dict({"prompt": ["Q: 1+2=", "Q: 1+2="], "prompt_id": ["a", "a"]}))  # same text
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 4, 5. Shards the manifest does not list; seeds/ deleted while training
+
+
+def test_a_shard_the_manifest_does_not_list_is_set_aside_not_overwritten(make_trainer, finished_run):
+    seeds = finished_run / "seeds"
+    from ts_trl.store.format import file_sha256
+
+    # A crash after step 3's shard was renamed into place, before the manifest listed it.
+    shutil.copy(seeds / "step-000002.parquet", seeds / "step-000003.parquet")
+    stray = file_sha256(seeds / "step-000003.parquet")
+    _resume(make_trainer, finished_run, max_steps=4)
+    assert [s["step"] for s in seed_manifest(finished_run)["shards"]] == [1, 2, 3, 4]
+    assert stray in {file_sha256(p) for p in (seeds / "superseded").rglob("step-000003.parquet")}
+    assert file_sha256(seeds / "step-000003.parquet") != stray
+
+
+def test_shards_without_a_manifest_are_set_aside_by_a_new_run(make_trainer, finished_run):
+    seeds = finished_run / "seeds"
+    from ts_trl.store.format import file_sha256
+
+    old = {file_sha256(p) for p in seeds.glob("step-*.parquet")}
+    (seeds / "manifest.json").unlink()
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+    trainer.train()
+    assert old <= {file_sha256(p) for p in (seeds / "superseded").rglob("step-*.parquet")}
+    assert not old & {file_sha256(p) for p in seeds.glob("step-*.parquet")}
+
+
+class DeleteSeeds(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            shutil.rmtree(Path(args.output_dir) / "seeds")
+
+
+def test_seeds_deleted_while_training_stop_the_run_in_one_line(make_trainer):
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=4, save_steps=1)
+    trainer.add_callback(DeleteSeeds())
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    assert "seeds" in _one_line(error) and "step-000001.parquet" in str(error.value)
+    output_dir = Path(trainer.args.output_dir)
+    assert not (output_dir / "checkpoint-3").exists()  # no checkpoint that could not be resumed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 6. Another reward set on resume
+
+
+def other_reward(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+
+
+def test_a_resume_with_another_reward_set_is_refused(make_trainer, finished_run):
+    from tests.conftest import count_reward
+
+    trainer = make_trainer(dataset=tiny_prompts(2), max_steps=3, save_steps=1, reward=[count_reward, other_reward])
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=str(finished_run / "checkpoint-2"))
+    assert "reward_other_reward" in _one_line(error)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 9. A seed's prompt_id must mean the same prompt here
+
+
+def test_a_seed_dataset_whose_prompt_ids_mean_other_prompts_here_is_refused(make_trainer, tmp_path):
+    ids = ["p0", "p1"]
+    first = make_trainer(
+        dataset=Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="], "prompt_id": ids}),
+        output_dir=str(tmp_path / "a"),
+        max_steps=2,
+        save_steps=1,
+    )
+    first.train()
+    other_prompts = Dataset.from_dict({"prompt": ["Q: 5+6=", "Q: 6+7="], "prompt_id": ids})
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=other_prompts, output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "a"))
+    assert "'p0'" in _one_line(error) or "'p1'" in str(error.value)
+    same_prompts = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="], "prompt_id": ids})
+    make_trainer(dataset=same_prompts, output_dir=str(tmp_path / "c"), seed_dataset=str(tmp_path / "a"))
+
+
+def test_a_trace_whose_prompt_id_and_prompt_disagree_is_refused(make_trainer, tmp_path):
+    dataset = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="], "prompt_id": ["p0", "p1"]})
+    traces = tmp_path / "traces.jsonl"
+    rows = [
+        {"prompt_id": "p0", "prompt": "Q: 0+1=", "completion": " 1\nA: 1"},
+        {"prompt_id": "p1", "prompt": "Q: 8+9=", "completion": " 17\nA: 17"},  # p1 is "Q: 1+2=" here
+    ]
+    traces.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset, seed_dataset=str(traces), max_completion_length=40)
+    assert "'p1'" in _one_line(error) and "Q: 8+9=" in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 13. Traces far over the budget
+
+
+def test_traces_far_over_the_budget_are_refused_by_their_length_before_tokenising(make_trainer, tmp_path):
+    dataset = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="]})
+    traces = tmp_path / "traces.jsonl"
+    rows = [{"prompt": "Q: 0+1=", "completion": " 1\nA: 1"}]
+    rows += [{"prompt": "Q: 1+2=", "completion": "3+" * 100_000} for _ in range(8)]
+    traces.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    started = time.monotonic()
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset, seed_dataset=str(traces), max_completion_length=40)
+    assert "8 of its 9 traces are over" in _one_line(error) and "characters" in str(error.value)
+    print(f"refused in {time.monotonic() - started:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 11, 12. seed_dataset: the run's own folder, a dataset that changed before a resume, clashing ids, invalid UTF-8
+
+
+def test_a_seed_dataset_in_the_runs_own_output_dir_is_refused(make_trainer, finished_run):
+    for seed_dataset in (finished_run, finished_run / "seeds"):
+        with pytest.raises(ValueError) as error:
+            make_trainer(dataset=tiny_prompts(2), seed_dataset=str(seed_dataset))
+        assert "own output_dir" in _one_line(error)
+
+
+def test_a_seed_dataset_that_gained_a_shard_before_a_resume_is_refused(make_trainer, tmp_path):
+    source = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "a"), max_steps=2, save_steps=1)
+    source.train()
+    settings = dict(dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "a"))
+    seeded = make_trainer(**settings, max_steps=2, save_steps=1)
+    seeded.train()
+    more = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "a"), max_steps=3, save_steps=1)
+    more.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))  # the seed dataset gains step 3
+    with pytest.raises(ValueError) as error:
+        make_trainer(**settings, max_steps=3, save_steps=1).train(str(tmp_path / "b" / "checkpoint-2"))
+    assert "changed" in _one_line(error) and str(tmp_path / "a") in str(error.value)
+
+
+def test_two_trace_files_numbering_rollout_ids_alike_are_refused(make_trainer, tmp_path):
+    dataset = Dataset.from_dict({"prompt": ["Q: 0+1=", "Q: 1+2="]})
+    (tmp_path / "traces").mkdir()
+    for name, prompt in (("a.jsonl", "Q: 0+1="), ("b.jsonl", "Q: 1+2=")):
+        row = {"rollout_id": "0", "prompt": prompt, "completion": " 1\nA: 1"}
+        (tmp_path / "traces" / name).write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError) as error:
+        make_trainer(dataset=dataset, seed_dataset=str(tmp_path / "traces"), max_completion_length=40)
+    assert "rollout_id '0'" in _one_line(error)
+
+
+def test_invalid_utf8_in_a_seed_parquet_is_named_in_one_line(make_trainer, finished_run, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(finished_run / "seeds" / "step-000001.parquet")
+    column = table.column("prompt_id").combine_chunks()
+    data = bytearray(column.buffers()[2].to_pybytes())
+    data[0] = 0xFF  # not a UTF-8 byte anywhere
+    broken = pa.Array.from_buffers(
+        pa.string(), len(column), [column.buffers()[0], column.buffers()[1], pa.py_buffer(bytes(data))]
+    )
+    table = table.set_column(table.schema.get_field_index("prompt_id"), "prompt_id", broken)
+    pq.write_table(table, tmp_path / "broken.parquet")
+    with pytest.raises(ValueError) as error:
+        make_trainer(
+            dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "broken.parquet")
+        )
+    assert "UTF-8" in _one_line(error) and "prompt_id" in str(error.value)
+
+
+def test_a_runs_seeds_folder_uploaded_to_the_hub_seeds_another_run(hub, make_trainer, finished_run, tmp_path):
+    """The Hub cache stores files as symbolic links into its blobs/: a manifest's files are found through them."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint)
+    api.create_repo("org/run-seeds", repo_type="dataset")
+    api.upload_folder(folder_path=str(finished_run / "seeds"), repo_id="org/run-seeds", repo_type="dataset")
+    trainer = make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset="org/run-seeds")
+    rows = sum(s["rows"] for s in seed_manifest(finished_run)["shards"])
+    assert len(trainer.seed_bank) == rows > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 10. Seeds none of which can be cut
+
+
+def test_a_seed_dataset_none_of_whose_seeds_can_be_cut_is_refused_at_construction(
+    make_trainer, finished_run, tmp_path
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(finished_run / "seeds" / "step-000001.parquet")
+    one = table.column("completion_ids").to_pylist()
+    for name, values in (("completion_ids", [ids[:1] for ids in one]), ("logprobs", [[-0.5]] * len(one))):
+        column = pa.array(values, table.schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    pq.write_table(table, tmp_path / "one-token.parquet")  # one-token seeds: no cut leaves a token of the seed out
+    with pytest.raises(ValueError) as error:
+        make_trainer(
+            dataset=tiny_prompts(2), output_dir=str(tmp_path / "b"), seed_dataset=str(tmp_path / "one-token.parquet")
+        )
+    assert "none of its" in _one_line(error) and "cut" in str(error.value)
+    make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "c"), seed_dataset=str(finished_run))
