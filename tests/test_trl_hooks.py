@@ -39,6 +39,7 @@ EXPECTED = {
     "_push_from_checkpoint": ["self", "checkpoint_folder"],  # transformers' Trainer: the push at each save
     "init_hf_repo": ["self", "token", "private"],  # transformers' Trainer: creates the model repo with push_to_hub
     "push_to_hub": ["self", "commit_message"],  # transformers' Trainer: the final push, its arguments passed through
+    "_issue_warnings_after_load": ["self", "load_result"],  # transformers' Trainer: its notices on a resume
 }
 
 

@@ -30,12 +30,16 @@ SHOWN = (
 )
 
 
-def compact_line(state, logs: dict) -> str:
-    """One line for a logging step: the step and the few values in `SHOWN`; the end-of-training summary in words."""
+def compact_line(state, logs: dict, first_step: int = 0) -> str:
+    """One line for a logging step: the step and the few values in `SHOWN`; the end-of-training summary in words.
+
+    `first_step` is the step this `train()` call started from (a resumed run's checkpoint): transformers' runtime
+    covers only the steps after it, and so does the time per step shown.
+    """
     if "train_runtime" in logs:
-        runtime = float(logs["train_runtime"])
-        steps = max(state.global_step, 1)
-        line = f"trained {state.global_step} steps in {runtime / 60:.1f} min ({runtime / steps:.2f} s/step)"
+        runtime, trained = float(logs["train_runtime"]), state.global_step - first_step
+        steps = f"steps {first_step + 1}-{state.global_step}" if first_step else f"{trained} steps"
+        line = f"trained {steps} in {runtime / 60:.1f} min ({runtime / max(trained, 1):.2f} s/step)"
         loss = logs.get("train_loss")
         return line + (f", mean loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
     parts = [f"step {state.global_step}/{state.max_steps}" if state.max_steps else f"step {state.global_step}"]
@@ -49,17 +53,29 @@ def compact_line(state, logs: dict) -> str:
 class CompactProgress(ProgressCallback):
     """TRL's progress bar, with `compact_line` printed above it at each logging step."""
 
+    first_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.first_step = state.global_step  # after a resume, the checkpoint's step
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs:
-            self.training_bar.write(compact_line(state, logs))
+            self.training_bar.write(compact_line(state, logs, self.first_step))
 
 
 class CompactPrinter(PrinterCallback):
     """`compact_line` at each logging step, for `disable_tqdm` runs."""
 
+    first_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.first_step = state.global_step
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            print(compact_line(state, logs), flush=True)
+            print(compact_line(state, logs, self.first_step), flush=True)
 
 
 class MetricsFile(TrainerCallback):

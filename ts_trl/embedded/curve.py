@@ -26,7 +26,8 @@ class LearningCurve(TrainerCallback):
     engine, nothing is evaluated and only the training reward is drawn.
 
     Once `report_through(trainer)` is called, each value during training is also logged through the trainer as
-    `eval_held_out_pass@1`, so that every `report_to` tracker, `log_history` and the console see it.
+    `eval_held_out_pass@1`, so that every `report_to` tracker, `log_history` and the console see it; a run resumed
+    from a checkpoint then draws the whole curve from step 0 (from the checkpoint's `log_history`).
     """
 
     def __init__(
@@ -65,6 +66,9 @@ class LearningCurve(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         self.tokenizer = processing_class
+        # A resumed run starts from the checkpoint's log history, so its curve goes back to step 0. That history is
+        # the checkpoint's own timeline; metrics.jsonl also keeps the steps of a run abandoned after the checkpoint.
+        self.points = curve_points(state.log_history)
         self._evaluate(args, state, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -80,6 +84,17 @@ class LearningCurve(TrainerCallback):
         self._evaluate(args, state, model, report=False)  # a loop that ended without a last step_end
         if state.is_world_process_zero:
             write_curve(self.points, Path(args.output_dir))
+
+
+def curve_points(log_history: list[dict]) -> list[tuple[int, str, float]]:
+    """The learning curve's (step, kind, value) points that a trainer's `log_history` holds."""
+    points = []
+    for logs in log_history:
+        if isinstance(logs.get(PASS_AT_1_METRIC), (int, float)):
+            points.append((logs["step"], "held_out_pass@1", float(logs[PASS_AT_1_METRIC])))
+        if isinstance(logs.get("reward"), (int, float)):
+            points.append((logs["step"], "train_reward", float(logs["reward"])))
+    return points
 
 
 def write_curve(points: list[tuple[int, str, float]], output_dir: Path) -> Path:

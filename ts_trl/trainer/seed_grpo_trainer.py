@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -384,6 +385,18 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.args.seed_method != "none":
             self.seed_store.write_snapshot(self.state.global_step)
         return super()._save_checkpoint(model, trial)
+
+    def _issue_warnings_after_load(self, load_result):
+        # A checkpoint of a model with tied weights (the tiny model, Qwen2.5-0.5B) does not store the tied copy (the
+        # LM head), so transformers warns on every resume that `lm_head.weight` is missing, though loading the
+        # embedding loaded it. Only a missing key that is not the tie of a loaded one is worth the warning.
+        tied = getattr(self.accelerator.unwrap_model(self.model), "all_tied_weights_keys", None) or {}
+        missing = set(load_result.missing_keys)
+        untied = [key for key in load_result.missing_keys if tied.get(key) is None or tied[key] in missing]
+        if len(untied) < len(missing):
+            self.accelerator.unwrap_model(self.model).tie_weights()
+            load_result = SimpleNamespace(missing_keys=untied, unexpected_keys=load_result.unexpected_keys)
+        return super()._issue_warnings_after_load(load_result)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, metrics=None):
         """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours).

@@ -31,6 +31,7 @@ TRL_HOOKS = (
     "init_hf_repo",
     "push_to_hub",
     "create_model_card",
+    "_issue_warnings_after_load",
 )
 
 TRL_INTERNALS = {
