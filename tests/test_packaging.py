@@ -86,6 +86,7 @@ def test_recipes_and_accelerate_configs_ship_with_the_package():
 def test_the_readme_python_example_runs_as_written(tmp_path):
     """The README's one Python block, pasted into a fresh interpreter in an empty folder, as a reader would: it trains,
     banks and snapshots, and prints no deprecation notice from TRL's calls and no DeepSpeed accelerator notice."""
+    import ast
     import os
     import subprocess
     import sys
@@ -99,7 +100,11 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     banked = int(result.stdout.strip().splitlines()[-1].split()[0])
-    assert banked == 8 * 8  # 8 steps of 8 rollouts
+    assert banked == 12 * 8  # 12 steps of 8 rollouts
+    # It shows seeding at work: groups were continued from seeds, and no warning says seeding starts late.
+    seeded = ast.literal_eval(result.stdout.strip().splitlines()[-2].split(":", 1)[1].strip())
+    assert len(seeded) == 3 and all(share > 0 for share in seeded[1:]), seeded
+    assert "Seeding starts late" not in result.stderr and "would train plain GRPO" not in result.stderr
     assert list((tmp_path / "seeds-demo" / "seeds").glob("step-*.parquet"))
     warnings = [line for line in result.stderr.splitlines() if "Warning" in line or "warnings.warn" in line]
     assert warnings == [], warnings

@@ -60,8 +60,12 @@ class CompactProgress(ProgressCallback):
         self.first_step = state.global_step  # after a resume, the checkpoint's step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs:
-            self.training_bar.write(compact_line(state, logs, self.first_step))
+        if not state.is_world_process_zero or not logs:
+            return
+        line = compact_line(state, logs, self.first_step)
+        # What is logged before the bar exists (the held-out pass@1 of step 0, from a callback that begins first)
+        # is printed plainly rather than lost.
+        self.training_bar.write(line) if self.training_bar is not None else print(line, flush=True)
 
 
 class CompactPrinter(PrinterCallback):

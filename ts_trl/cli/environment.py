@@ -98,7 +98,13 @@ def fail_clearly(prog: str | None = None):
 
 
 def program_name() -> str:
-    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "ts_trl train"
+    """The command as the user typed it, for error lines: `train.py`, or `ts_trl train` (also `python -m ts_trl train`
+    and `accelerate launch -m ts_trl train`, whose argv[0] is the package's `__main__.py`)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if name in ("", "ts_trl", "__main__.py"):
+        command = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "train"
+        return f"ts_trl {command}"
+    return name
 
 
 def resume_command(checkpoint: str | None) -> str:

@@ -1,0 +1,53 @@
+"""What a new user's first commands print: one error prefix per command, and the untrained model's held-out pass@1
+before the first training step."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import EMBEDDED_TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path) -> dict:
+    return {**os.environ, "TS_TRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _error_line(command: list[str], tmp_path) -> str:
+    result = subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+def test_errors_of_one_command_share_its_name(tmp_path):
+    """A bad flag (found by the parser) and a missing file (found while the run is built) start alike."""
+    train = [sys.executable, "-m", "ts_trl", "train"]
+    parsing = _error_line([*train, "--no_such_flag", "1"], tmp_path)
+    missing = tmp_path / "missing.jsonl"
+    building = _error_line(
+        [*train, "--model_name_or_path", str(tmp_path), "--dataset_path", str(missing), "--reward_funcs", "math"],
+        tmp_path,
+    )
+    assert parsing.startswith("ts_trl train: error: ") and building.startswith("ts_trl train: error: "), (
+        parsing,
+        building,
+    )
+    script = _error_line([sys.executable, str(ROOT / "train.py"), "--no_such_flag", "1"], tmp_path)
+    assert script.startswith("train.py: error: ")
+
+
+def test_the_untrained_models_held_out_pass_at_1_is_printed_before_training(tmp_path):
+    command = [sys.executable, "train.py", "--output_dir", str(tmp_path / "run"), *EMBEDDED_TINY]
+    command += ["--max_steps", "1", "--logging_steps", "1"]  # with the progress bar, as a user runs it
+    result = subprocess.run(command, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = re.search(r"^step 0/1 .*held-out pass@1 ([\d.]+)$", result.stdout, re.MULTILINE)
+    assert first, result.stdout[-3000:]
+    trained = result.stdout.index("step 1/1")
+    assert first.start() < trained  # before the first step's line, and the same value the report calls "before"
+    assert re.search(rf"held_out_pass@1_before +{re.escape(first.group(1))}\b", result.stdout)
