@@ -51,3 +51,49 @@ def test_the_untrained_models_held_out_pass_at_1_is_printed_before_training(tmp_
     trained = result.stdout.index("step 1/1")
     assert first.start() < trained  # before the first step's line, and the same value the report calls "before"
     assert re.search(rf"held_out_pass@1_before +{re.escape(first.group(1))}\b", result.stdout)
+
+
+def test_held_out_set_is_sampled_only_where_the_curve_needs_it(tmp_path, monkeypatch):
+    """`ts_trl train`: the report's before and after are the learning curve's step-0 and last-step values, not two more
+    passes over the held-out set; a SIGTERM (or Ctrl-C) stops without one, and the resumed run's report and curve
+    still start from the untrained model's score."""
+    import json
+    import signal
+
+    from ts_trl.cli.interrupt import SaveOnInterrupt
+    from ts_trl.cli.train import run
+    from ts_trl.embedded import evaluate
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    sampled = []
+    sample_rewards = evaluate.sample_rewards
+    monkeypatch.setattr(evaluate, "sample_rewards", lambda *a, **k: sampled.append(1) or sample_rewards(*a, **k))
+    on_step_end = SaveOnInterrupt.on_step_end
+
+    def terminated_at_step_2(self, args, state, control, **kwargs):
+        if state.global_step == 2 and not self.interrupted:
+            os.kill(os.getpid(), signal.SIGTERM)  # as Slurm would: the handler runs before the next line
+        return on_step_end(self, args, state, control, **kwargs)
+
+    output_dir = tmp_path / "run"
+    argv = ["--output_dir", str(output_dir), *EMBEDDED_TINY, "--max_steps", "4", "--save_steps", "4"]
+    argv += ["--embedded_eval_every", "0", "--logging_steps", "1", "--disable_tqdm", "true", "--report_to", "none"]
+    with monkeypatch.context() as patch:
+        patch.setattr(SaveOnInterrupt, "on_step_end", terminated_at_step_2)
+        assert run(argv) == 143
+    assert len(sampled) == 1  # step 0 only
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["steps"] == 2 and report["held_out_pass@1_after"] is None
+    before = report["held_out_pass@1_before"]
+    assert isinstance(before, float)
+
+    sampled.clear()
+    assert run([*argv, "--resume_from_checkpoint", str(output_dir / "checkpoint-2")]) == 0
+    assert len(sampled) == 1  # the last step only: step 0's score comes with the checkpoint
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["held_out_pass@1_before"] == before and isinstance(report["held_out_pass@1_after"], float)
+    held = [line.split(",") for line in (output_dir / "learning_curve.csv").read_text().splitlines()[1:]]
+    assert [(int(step), float(value)) for step, kind, value in held if kind == "held_out_pass@1"] == [
+        (0, before),
+        (4, report["held_out_pass@1_after"]),
+    ]

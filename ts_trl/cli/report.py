@@ -14,6 +14,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..embedded import embedded_reward, pass_at_1
 from ..embedded.agent import AgentTask, agent_pass_at_1
+from ..embedded.curve import PASS_AT_1_METRIC
 from ..store.format import SEEDS_DIR, SeedManifest
 
 # Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
@@ -44,6 +45,15 @@ def held_out_pass_at_1(trainer, dataset, num_samples: int, task=None) -> float |
     return pass_at_1(
         model, trainer.processing_class, dataset, embedded_reward, trainer.args.max_completion_length, **sampling
     )
+
+
+def logged_held_out_pass_at_1(trainer, step: int) -> float | None:
+    """The held-out pass@1 the learning curve logged at `step` (a resumed run's earlier values come with its
+    checkpoint's log history), or None where it logged none (DeepSpeed, other processes, no held-out set)."""
+    values = [
+        h[PASS_AT_1_METRIC] for h in trainer.state.log_history if h.get("step") == step and PASS_AT_1_METRIC in h
+    ]
+    return values[-1] if values else None
 
 
 def seed_statistics(trainer) -> dict:

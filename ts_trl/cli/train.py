@@ -27,7 +27,7 @@ from .console import use_compact_console
 from .data import load_training_data
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
-from .report import held_out_pass_at_1, report_run
+from .report import held_out_pass_at_1, logged_held_out_pass_at_1, report_run
 
 # The exit status of a run stopped by Ctrl-C or SIGTERM once its checkpoint is safe (128 + the signal, as shells report).
 INTERRUPTED_STATUSES = (130, 143)
@@ -171,12 +171,16 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"
     )
-    samples = script_args.embedded_eval_samples
-    before = held_out_pass_at_1(trainer, held_out, samples, task) if embedded else None
     with torch_threads(embedded_training_threads() if embedded else None):
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    # An interrupted run stops now: its report says where it stopped, the held-out score waits for the resumed run.
-    after = held_out_pass_at_1(trainer, held_out, samples, task) if embedded and not interrupt.interrupted else None
+    # The learning curve scored the untrained model at step 0 (a resumed run has it from its checkpoint) and the last
+    # step: read here, not sampled again. An interrupted run stops now: the held-out score waits for the resumed run.
+    before = logged_held_out_pass_at_1(trainer, 0) if embedded else None
+    after = None
+    if embedded and not interrupt.interrupted:
+        after = logged_held_out_pass_at_1(trainer, trainer.state.global_step)
+        if after is None:
+            after = held_out_pass_at_1(trainer, held_out, script_args.embedded_eval_samples, task)
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
     push_error = save_and_push(trainer, script_args, metrics)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)

@@ -18,7 +18,7 @@ PASS_AT_1_METRIC = "eval_held_out_pass@1"
 
 
 class LearningCurve(TrainerCallback):
-    """Scores sampled held-out pass@1 at the start, every `every` steps and at the end; writes the curve at the end.
+    """Scores sampled held-out pass@1 at the start, every `every` steps and at the last step; writes the curve at the end.
 
     `learning_curve.csv` (step, kind, value) and `learning_curve.png` (held-out pass@1 and training reward against
     optimizer step) go into the output directory. Only the main process evaluates (the others go on to the next
@@ -64,16 +64,23 @@ class LearningCurve(TrainerCallback):
         if report and self.log is not None:
             self.log({PASS_AT_1_METRIC: value})
 
+    @staticmethod
+    def _last_step(state) -> bool:
+        # A run stopped before its schedule's end (Ctrl-C, SIGTERM) is not scored again: the evaluation takes minutes
+        # on a busy CPU, and its resume continues the curve.
+        return state.global_step >= state.max_steps
+
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         self.tokenizer = processing_class
         # A resumed run starts from the checkpoint's log history, so its curve goes back to step 0. That history is
         # the checkpoint's own timeline; metrics.jsonl also keeps the steps of a run abandoned after the checkpoint.
         self.points = curve_points(state.log_history)
-        self._evaluate(args, state, model)
+        if state.global_step == 0:  # a resumed run's curve goes on from its checkpoint's, at the next scheduled step
+            self._evaluate(args, state, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         # The last step is scored here, while the trackers are still open (they close in their on_train_end).
-        if (self.every and state.global_step % self.every == 0) or control.should_training_stop:
+        if (self.every and state.global_step % self.every == 0) or self._last_step(state):
             self._evaluate(args, state, model)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -81,7 +88,8 @@ class LearningCurve(TrainerCallback):
             self.points.append((state.global_step, "train_reward", float(logs["reward"])))
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        self._evaluate(args, state, model, report=False)  # a loop that ended without a last step_end
+        if self._last_step(state):
+            self._evaluate(args, state, model, report=False)  # a loop that ended without a last step_end
         if state.is_world_process_zero:
             write_curve(self.points, Path(args.output_dir))
 
