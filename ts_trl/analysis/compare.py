@@ -24,6 +24,7 @@ processes of one torch thread each (`--jobs`). Run `ts_trl compare --help`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import hashlib
@@ -31,6 +32,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -375,14 +377,45 @@ def _title(args) -> str:
 
 
 def _map(function, items, jobs):
-    """`map` over worker processes (spawned: no forked torch state), or in this process when `jobs` is 1."""
+    """`map` over worker processes (spawned: no forked torch state), or in this process when `jobs` is 1.
+
+    The workers end with the command, however it ends (Ctrl-C, a failed job, the caller stopping early).
+    """
     if jobs == 1:
         yield from map(function, items)
         return
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in as_completed([pool.submit(function, item) for item in items]):
+    others = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        with _ctrl_c_left_to_this_process():
+            futures = [pool.submit(function, item) for item in items]  # the workers start here
+        for future in as_completed(futures):
             yield future.result()
+    except BaseException:
+        # Leaving the pool normally would wait for every queued run: the workers went on for many minutes after the
+        # command seemed to have stopped.
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in set(multiprocessing.active_children()) - others:
+            worker.terminate()
+        raise
+    pool.shutdown()
+
+
+@contextlib.contextmanager
+def _ctrl_c_left_to_this_process():
+    """Processes started inside ignore Ctrl-C (an ignored signal stays ignored through exec, and Python then installs
+    no KeyboardInterrupt): the terminal's Ctrl-C reaches every process of the job, and a worker still importing
+    torch would print a traceback of its own; this process stops its workers itself."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: Ctrl-C is not this thread's to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _write_probe(model, tokenizer, train_set, budget: Budget, path: Path) -> None:
