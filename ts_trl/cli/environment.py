@@ -30,12 +30,14 @@ def cpu_only() -> bool:
 
 
 def skip_deepspeed_shm_build() -> None:
-    """Under DeepSpeed on CPU with one process, skips the JIT build of DeepSpeed's shared-memory all-reduce kernel.
+    """Under DeepSpeed on CPU, skips the JIT build of DeepSpeed's shared-memory all-reduce kernel.
 
-    DeepSpeed compiles that C++ op when its communication backend starts, even for a single process, where there is
-    nothing to reduce; with `DS_BUILD_OPS=0` that is minutes of compiling, and needs a compiler. Nothing else changes.
+    DeepSpeed compiles that C++ op when its communication backend starts, for any number of processes; with
+    `DS_BUILD_OPS=0` that is minutes of compiling, and needs a compiler. Training never uses it: only
+    `inference_all_reduce` (DeepSpeed's tensor-parallel layers) does, and without the op that call falls back to
+    torch.distributed's all-reduce. ZeRO's own collectives are torch.distributed's either way.
     """
-    if not is_deepspeed() or os.environ.get("WORLD_SIZE", "1") != "1":
+    if not is_deepspeed():
         return
     if torch.cuda.is_available():
         return
