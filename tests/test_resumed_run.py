@@ -30,7 +30,8 @@ class StopAt(TrainerCallback):
 
 def _curve(path) -> dict[str, dict[int, float]]:
     rows = list(csv.DictReader(open(path)))
-    return {kind: {int(r["step"]): float(r["value"]) for r in rows if r["kind"] == kind} for kind in {"train_reward", "held_out_pass@1"}}  # fmt: skip
+    kinds = ("train_reward", "held_out_pass@1")
+    return {kind: {int(r["step"]): float(r["value"]) for r in rows if r["kind"] == kind} for kind in kinds}
 
 
 def _train(tokenizer, output_dir, train, held_out, stop_at=None, resume=None):

@@ -18,7 +18,8 @@ PASS_AT_1_METRIC = "eval_held_out_pass@1"
 
 
 class LearningCurve(TrainerCallback):
-    """Scores sampled held-out pass@1 at the start, every `every` steps and at the last step; writes the curve at the end.
+    """Scores sampled held-out pass@1 at the start, every `every` steps and at the last step; writes the curve at
+    the end.
 
     `learning_curve.csv` (step, kind, value) and `learning_curve.png` (held-out pass@1 and training reward against
     optimizer step) go into the output directory. Only the main process evaluates (the others go on to the next
