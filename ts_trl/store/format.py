@@ -60,6 +60,7 @@ class Rollout:
     prefix_len: int = 0
     seed_origin: str | None = None
     rewards: dict[str, float] = field(default_factory=dict)  # per reward function
+    tool_mask: Sequence[int] | None = None  # multi-turn rollouts: 1 on model tokens, 0 on tool results (TRL's)
 
 
 class SeedColumn(NamedTuple):

@@ -1,0 +1,98 @@
+"""Offline agent fixtures: a character tokenizer with Qwen2.5's tool-calling template and a scripted tiny policy."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+from trl.chat_template_utils import qwen2_5_chat_template
+
+from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+SCRIPT_BIAS = 30.0  # added to the scripted token's logit: sampling follows the script, the loss sees the real model
+DIGIT = "D"  # a slot of a scripted turn where any digit may be sampled
+CALL_TURN = 'Hm D.\n<tool_call>\n{"name": "add", "arguments": {"a": D, "b": D}}\n</tool_call><|im_end|>'
+FINAL_TURN = "Sum: DD.<|im_end|>"
+TAIL = 400  # tokens of context the script reads
+
+
+def build_agent_tokenizer():
+    """The tiny character tokenizer with `<|im_start|>`/`<|im_end|>` as special tokens and Qwen2.5's chat template."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = qwen2_5_chat_template
+    return tokenizer
+
+
+class ScriptedTurns(LogitsProcessor):
+    """Biases each row toward `CALL_TURN` until it holds `calls` tool results, then toward `FINAL_TURN`."""
+
+    def __init__(self, tokenizer, calls: int = 2):
+        self.tokenizer, self.calls = tokenizer, calls
+        self.digits = [tokenizer.convert_tokens_to_ids(c) for c in "0123456789"]
+
+    def allowed(self, text: str) -> list[int]:
+        turn = text.rsplit("<|im_start|>assistant\n", 1)[-1]
+        script = CALL_TURN if text.count("<tool_response>") < self.calls else FINAL_TURN
+        pieces = script.replace("<|im_end|>", "\0")
+        position = len(turn.replace("<|im_end|>", "\0"))
+        if position >= len(pieces):
+            return [self.tokenizer.eos_token_id]
+        expected = pieces[position]
+        if expected == DIGIT:
+            return self.digits
+        if expected == "\0":
+            return [self.tokenizer.eos_token_id]
+        return [self.tokenizer.convert_tokens_to_ids(self.tokenizer.tokenize(expected))[0]]
+
+    def __call__(self, input_ids, scores):
+        # The tail is enough: a turn and the tool results before it (the system prompt lists the tools at length).
+        texts = self.tokenizer.batch_decode(input_ids[:, -TAIL:], skip_special_tokens=False)
+        bias = torch.zeros_like(scores)
+        for row, text in enumerate(texts):
+            bias[row, self.allowed(text.replace("<pad>", ""))] = SCRIPT_BIAS
+        return scores + bias
+
+
+def scripted_agent(tokenizer, calls: int = 2, **kwargs):
+    """The tiny model whose `generate` follows the script (its own logits decide only the digits)."""
+    model = build_tiny_model(tokenizer, max_positions=4096, **kwargs)
+    script = ScriptedTurns(tokenizer, calls)
+    generate = model.generate
+
+    @functools.wraps(generate)
+    def scripted_generate(*args, logits_processor=None, **kw):
+        return generate(*args, logits_processor=LogitsProcessorList([*(logits_processor or []), script]), **kw)
+
+    model.generate = scripted_generate
+    return model
+
+
+CALLS = []  # every call of `add`, to count what the tool loop ran
+
+
+def add(a: int, b: int) -> int:
+    """Adds two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    CALLS.append((a, b))
+    return a + b
+
+
+def last_digits_even(completions, **kwargs):
+    """1.0 when the final turn's digits sum to an even number: spread on scripted digits."""
+    return [float(sum(int(c) for c in m[-1]["content"] if c.isdigit()) % 2 == 0) for m in completions]
+
+
+def agent_prompts(n: int):
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {i} and {i + 1}."}]} for i in range(n)])
+
+
+NO_TURNS = type("NoTurns", (), {"observations": ()})()  # a plain row: no prefix observations

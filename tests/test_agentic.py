@@ -1,0 +1,132 @@
+"""Multi-turn Thinking Seeds through `trainer.train()`: tools and environments, with the scripted tiny agent."""
+
+import json
+
+import pytest
+import torch
+
+from tests import agent_fixtures as af
+from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+
+MAX_COMPLETION = 200
+
+
+def agent_config(output_dir, **overrides):
+    settings = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=MAX_COMPLETION,
+        max_steps=3,
+        save_steps=1,
+        logging_steps=1,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        seed_fraction=1.0,
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return SeedGRPOConfig(**settings)
+
+
+def recorded_run(trainer):
+    """Trains `trainer`, keeping every generation batch's plan, responses, messages and loss mask."""
+    batches = []
+    record = trainer._record_rollouts
+
+    def spy(inputs, output, batch):
+        batches.append(
+            {
+                "plan": batch.plan,
+                "ids": [list(map(int, ids)) for ids in batch.generation.completion_ids],
+                "messages": batch.generation.completions,
+                "tool_masks": batch.generation.tool_masks,
+                "loss_mask": (output["completion_mask"] * output.get("tool_mask", 1)).tolist(),
+                "turns": dict(batch.turns or {}),
+            }
+        )
+        return record(inputs, output, batch)
+
+    trainer._record_rollouts = spy
+    trainer.train()
+    return batches
+
+
+def seeded_rows(batches):
+    for batch in batches:
+        plan = batch["plan"]
+        for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
+            if cut is not None:
+                yield batch, i, seed, cut
+
+
+@pytest.fixture(scope="module")
+def tools_run(tmp_path_factory):
+    tokenizer = af.build_agent_tokenizer()
+    model = af.scripted_agent(tokenizer, calls=1)
+    args = agent_config(tmp_path_factory.mktemp("tools"))
+    trainer = SeedGRPOTrainer(
+        model,
+        af.last_digits_even,
+        args=args,
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        tools=[af.add],
+    )
+    af.CALLS.clear()
+    batches = recorded_run(trainer)
+    return {"trainer": trainer, "batches": batches, "tokenizer": tokenizer, "calls": list(af.CALLS)}
+
+
+def test_tools_run_seeds_groups(tools_run):
+    shares = [
+        h["seeds/seeded_group_share"]
+        for h in tools_run["trainer"].state.log_history
+        if "seeds/seeded_group_share" in h
+    ]
+    assert max(shares) > 0
+    assert list(seeded_rows(tools_run["batches"]))
+
+
+def test_seeded_prefix_is_its_origin_and_out_of_the_loss(tools_run):
+    tokenizer = tools_run["tokenizer"]
+    for batch, i, seed, cut in seeded_rows(tools_run["batches"]):
+        ids = batch["ids"][i]
+        origin = [int(t) for t in seed.completion_ids[: cut.k]]
+        assert ids[: cut.k] == origin
+        assert tokenizer.decode(ids[: cut.k]) == tokenizer.decode(origin)
+        assert not any(batch["loss_mask"][i][: cut.k])  # state mode: no prefix token is trained
+        assert any(batch["loss_mask"][i][cut.k : len(ids)])
+        assert len(ids) <= MAX_COMPLETION  # the continuation's budget is what the prefix leaves
+        # the bank keeps the whole trajectory's tool mask: the prefix part is the origin's
+        assert batch["tool_masks"][i][: cut.k] == [int(x) for x in seed.tool_mask[: cut.k]]
+
+
+def test_cuts_fall_at_admissible_points(tools_run):
+    tokenizer = tools_run["tokenizer"]
+    for batch, i, seed, cut in seeded_rows(tools_run["batches"]):
+        before = tokenizer.decode([int(t) for t in seed.completion_ids[: cut.k]], skip_special_tokens=False)
+        mask = seed.tool_mask
+        assert mask[cut.k] == 1  # the next token is the model's: never inside a tool result
+        turn = before.rsplit("<|im_start|>assistant\n", 1)[-1]
+        assert "<tool_call>" not in turn[:-1] or "<tool_response>" in turn  # never inside a call's markup
+
+
+def test_seeded_rows_keep_their_prefix_turns_and_do_not_run_them_again(tools_run):
+    found = 0
+    for batch, i, seed, cut in seeded_rows(tools_run["batches"]):
+        turns = batch["turns"][i]
+        messages = batch["messages"][i]
+        recorded = json.loads(seed.messages)
+        assert messages[: len(turns.messages)] == recorded[: len(turns.messages)]
+        found += bool(turns.tool_calls)
+    assert found, "no seed was cut after a tool result"
+    # The tool ran once per call the rollouts made after their prefixes, never for a prefix's recorded call.
+    made = sum(
+        sum(m["role"] == "tool" for m in b["messages"][i]) - len(b["turns"].get(i, af.NO_TURNS).observations)
+        for b in tools_run["batches"]
+        for i in range(len(b["messages"]))
+    )
+    assert made == len(tools_run["calls"])
