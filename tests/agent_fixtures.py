@@ -96,3 +96,42 @@ def agent_prompts(n: int):
 
 
 NO_TURNS = type("NoTurns", (), {"observations": ()})()  # a plain row: no prefix observations
+
+
+class Counter:
+    """A stateful environment: `add` adds to a running total and answers it; the reward is the total's parity."""
+
+    def __init__(self):
+        self.total = 0
+
+    def reset(self, **row):
+        self.total = 0
+
+    def add(self, a: int, b: int) -> int:
+        """Adds two numbers to the running total.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.total += a + b
+        return self.total
+
+    def get_reward(self) -> float:
+        return float(self.total % 2 == 0)
+
+
+class Drifting(Counter):
+    """Answers differently each episode (the total starts at the number of resets so far): no replay matches."""
+
+    resets = 0
+
+    def reset(self, **row):
+        Drifting.resets += 1
+        self.total = Drifting.resets
+
+
+class Opaque(Counter):
+    """Declares it cannot be restored by replaying its calls."""
+
+    replayable = False

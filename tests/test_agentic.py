@@ -130,3 +130,112 @@ def test_seeded_rows_keep_their_prefix_turns_and_do_not_run_them_again(tools_run
         for i in range(len(b["messages"]))
     )
     assert made == len(tools_run["calls"])
+
+
+def environment_run(tmp_path, factory, **overrides):
+    tokenizer = af.build_agent_tokenizer()
+    model = af.scripted_agent(tokenizer, calls=1)
+    args = agent_config(tmp_path, **overrides)
+    trainer = SeedGRPOTrainer(
+        model, args=args, train_dataset=af.agent_prompts(2), processing_class=tokenizer, environment_factory=factory
+    )
+    return trainer, recorded_run(trainer)
+
+
+@pytest.fixture(scope="module")
+def counter_run(tmp_path_factory):
+    return environment_run(tmp_path_factory.mktemp("env"), af.Counter)
+
+
+def test_environment_run_replays_prefix_calls_and_seeds(counter_run):
+    trainer, batches = counter_run
+    history = trainer.state.log_history
+    assert max(h.get("seeds/seeded_group_share", 0) for h in history) > 0
+    assert [h["seeds/replay_mismatch_share"] for h in history if "seeds/replay_mismatch_share" in h] == [0.0] * len(
+        [h for h in history if "seeds/replay_mismatch_share" in h]
+    )
+    assert max(h.get("seeds/replayed_tool_calls_mean", 0) for h in history) > 0
+    replayed = 0
+    for batch, i, seed, cut in seeded_rows(batches):
+        turns = batch["turns"][i]
+        replayed += len(turns.tool_calls)
+        assert batch["ids"][i][: cut.k] == [int(t) for t in seed.completion_ids[: cut.k]]
+        assert not any(batch["loss_mask"][i][: cut.k])
+    assert replayed, "no seed was cut after a tool call"
+
+
+def test_replay_mismatch_drops_the_seed_and_is_counted(tmp_path):
+    trainer, batches = environment_run(tmp_path, af.Drifting)
+    shares = [
+        h["seeds/replay_mismatch_share"] for h in trainer.state.log_history if "seeds/replay_mismatch_share" in h
+    ]
+    # Only seeds cut after a call can mismatch; every one that was is dropped, and those groups run plain.
+    assert shares and max(shares) > 0
+    for batch, i, seed, cut in seeded_rows(batches):
+        assert not batch["turns"][
+            i
+        ].tool_calls  # no group kept a prefix whose calls the environment answered otherwise
+
+
+def test_an_environment_that_cannot_replay_is_refused(tmp_path):
+    tokenizer = af.build_agent_tokenizer()
+    with pytest.raises(ValueError, match="replayable=False"):
+        SeedGRPOTrainer(
+            af.scripted_agent(tokenizer, calls=1),
+            args=agent_config(tmp_path),
+            train_dataset=af.agent_prompts(2),
+            processing_class=tokenizer,
+            environment_factory=af.Opaque,
+        )
+    plain = SeedGRPOTrainer(
+        af.scripted_agent(tokenizer, calls=1),
+        args=agent_config(tmp_path, seed_method="none"),
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        environment_factory=af.Opaque,
+    )
+    assert plain.args.seed_method == "none"
+
+
+def test_rollout_func_and_replay_with_tools_stay_refused(tmp_path):
+    tokenizer = af.build_agent_tokenizer()
+    model = af.scripted_agent(tokenizer, calls=1)
+    with pytest.raises(ValueError, match="rollout_func"):
+        SeedGRPOTrainer(
+            model,
+            af.last_digits_even,
+            args=agent_config(tmp_path),
+            train_dataset=af.agent_prompts(2),
+            processing_class=tokenizer,
+            rollout_func=lambda prompts, trainer: {},
+        )
+    with pytest.raises(ValueError, match="seed_method='replay'"):
+        SeedGRPOTrainer(
+            model,
+            af.last_digits_even,
+            args=agent_config(tmp_path, seed_method="replay"),
+            train_dataset=af.agent_prompts(2),
+            processing_class=tokenizer,
+            tools=[af.add],
+        )
+
+
+def test_action_mode_trains_prefix_model_tokens_with_their_weight_and_masks_tool_results(tmp_path):
+    tokenizer = af.build_agent_tokenizer()
+    trainer = SeedGRPOTrainer(
+        af.scripted_agent(tokenizer, calls=1),
+        af.last_digits_even,
+        args=agent_config(tmp_path, prefix_mode="action"),
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        tools=[af.add],
+    )
+    batches = recorded_run(trainer)
+    tool_tokens_in_prefixes = 0
+    for batch, i, seed, cut in seeded_rows(batches):
+        origin_mask = [int(x) for x in seed.tool_mask[: cut.k]]
+        assert batch["loss_mask"][i][: cut.k] == origin_mask  # model tokens trained, tool results never
+        tool_tokens_in_prefixes += origin_mask.count(0)
+    assert tool_tokens_in_prefixes, "no prefix held a tool result"
+    ratios = [h["seeds/prefix_is_ratio_mean"] for h in trainer.state.log_history if "seeds/prefix_is_ratio_mean" in h]
+    assert ratios and all(0 < r <= trainer.args.prefix_is_clip for r in ratios)

@@ -207,6 +207,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions."""
         if self.planner.max_positions is None or self.args.seed_method != "seeds" or self.args.seed_fraction == 0:
             return [None] * len(inputs)
+        if self.environment_factories is not None:  # prompts are rendered per environment, after its reset: unknown
+            return [None] * len(inputs)  # here; the tool loop keeps every turn within the model's positions
         return self._prompt_length_of(inputs, keys)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
