@@ -77,7 +77,13 @@ def tools_run(tmp_path_factory):
     )
     af.CALLS.clear()
     batches = recorded_run(trainer)
-    return {"trainer": trainer, "batches": batches, "tokenizer": tokenizer, "calls": list(af.CALLS)}
+    return {
+        "trainer": trainer,
+        "batches": batches,
+        "tokenizer": tokenizer,
+        "calls": list(af.CALLS),
+        "output_dir": args.output_dir,
+    }
 
 
 def test_tools_run_seeds_groups(tools_run):
@@ -239,3 +245,39 @@ def test_action_mode_trains_prefix_model_tokens_with_their_weight_and_masks_tool
     assert tool_tokens_in_prefixes, "no prefix held a tool result"
     ratios = [h["seeds/prefix_is_ratio_mean"] for h in trainer.state.log_history if "seeds/prefix_is_ratio_mean" in h]
     assert ratios and all(0 < r <= trainer.args.prefix_is_clip for r in ratios)
+
+
+def test_seed_shards_hold_openai_messages_and_resume_rebuilds_the_turns(tools_run, tmp_path):
+    from pathlib import Path
+
+    from datasets import load_dataset
+
+    output_dir = Path(tools_run["output_dir"])
+    shards = sorted(str(p) for p in (output_dir / "seeds").glob("step-*.parquet"))
+    rows = load_dataset("parquet", data_files=shards, split="train")
+    assert {"tool_mask", "messages"} <= set(rows.column_names)
+    row = next(r for r in rows if any(m["role"] == "tool" for m in r["messages"]))
+    call = next(m for m in row["messages"] if m["tool_calls"])["tool_calls"][0]
+    assert call["type"] == "function" and call["function"]["name"] == "add"
+    assert set(json.loads(call["function"]["arguments"])) == {"a", "b"}
+    assert len(row["tool_mask"]) == len(row["completion_ids"]) and 0 in row["tool_mask"]
+
+    original = tools_run["trainer"].seed_bank
+    tokenizer = tools_run["tokenizer"]
+    resumed = SeedGRPOTrainer(
+        af.scripted_agent(tokenizer, calls=1),
+        af.last_digits_even,
+        args=agent_config(output_dir),
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        tools=[af.add],
+    )
+    resumed.seed_store.start(str(output_dir / "checkpoint-2"))
+    bank = resumed.seed_bank
+    assert len(bank) > 0
+    for index in range(len(bank)):
+        seed = bank.get(index)
+        before = original.get(next(i for i in range(len(original)) if original.get(i).rollout_id == seed.rollout_id))
+        assert seed.tool_mask is not None and seed.tool_mask.tolist() == before.tool_mask.tolist()
+        assert json.loads(seed.messages) == json.loads(before.messages)
+        assert seed.completion_ids.tolist() == before.completion_ids.tolist()

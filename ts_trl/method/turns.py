@@ -131,7 +131,9 @@ def prefix_turns(tool_mask: Sequence[int], k: int, messages: Sequence[dict]) -> 
             if turns == closed:
                 break
             if not message.get("tool_calls"):
-                raise ValueError("A seed's turn that a tool result follows has no tool calls in its recorded messages.")
+                raise ValueError(
+                    "A seed's turn that a tool result follows has no tool calls in its recorded messages."
+                )
             turns += 1
             kept.append(message)
             for call in message.get("tool_calls") or []:

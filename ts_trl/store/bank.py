@@ -265,6 +265,7 @@ class SeedBank:
         """
         if table is None or table.num_rows == 0:
             return
+        first = len(self)
         for batch in table.select(list(BANK_COLUMNS)).to_batches():
             if batch.num_rows == 0:
                 continue
@@ -287,6 +288,11 @@ class SeedBank:
                 external,
                 copy=False,
             )
+        if "tool_mask" in table.column_names and "completion" in table.column_names:
+            masks, completions = table.column("tool_mask").to_pylist(), table.column("completion").to_pylist()
+            for index, (mask, completion) in enumerate(zip(masks, completions), start=first):
+                if mask is not None:
+                    self._turns[index] = (np.asarray(mask, dtype=np.int8), completion)
         self._index_prompts()  # part of loading: the first `sample` after a resume pays nothing extra
 
     def attach_snapshot(self, table: pa.Table) -> None:
