@@ -135,3 +135,23 @@ class Opaque(Counter):
     """Declares it cannot be restored by replaying its calls."""
 
     replayable = False
+
+
+async def async_add(a: int, b: int) -> int:
+    """Adds two numbers, asynchronously.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def failing_add(a: int, b: int) -> int:
+    """Adds two numbers, or rather fails to.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    raise RuntimeError("no adding today")

@@ -10,8 +10,12 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `seed[:k] + continuation` as the completion, so rewards and the loss see the whole response; the backend is patched
   for the call (`backends.SeededBackend`: per-request vLLM budgets, HF `generate` forcing each row's remaining
   prefix). Replayed rows skip the backend and are filled with a whole stored rollout, trained as old actions.
-- `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot,
+- `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot
+  (multiplied into the tool loop's own mask with tools),
   and corrects TRL's length metrics to count generated tokens only.
+- `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
+  generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
+  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion.
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
