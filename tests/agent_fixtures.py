@@ -155,3 +155,40 @@ def failing_add(a: int, b: int) -> int:
         b: The second number.
     """
     raise RuntimeError("no adding today")
+
+
+def scripted_fake_llm(tokenizer, calls: int = 1):
+    """`tests.vllm_server.FakeLLM` answering with the script (digits drawn reproducibly per request), for TRL's
+    colocate mode; it keeps the fake's records and its context check."""
+    import random
+    from types import SimpleNamespace
+
+    from tests.vllm_server import FakeLLM, context_error
+
+    script = ScriptedTurns(tokenizer, calls)
+
+    class ScriptedFakeLLM(FakeLLM):
+        def generate(self, prompts, sampling_params=None, use_tqdm=True):
+            params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+            outputs = []
+            for prompt, param in zip(prompts, params):
+                ids = [int(t) for t in prompt["prompt_token_ids"]]
+                self.requests.append({"prompt_token_ids": ids, "max_tokens": param.max_tokens, "n": param.n})
+                error = context_error(len(ids), param.max_tokens, self.max_model_len)
+                if error:
+                    raise ValueError(error)
+                samples = []
+                for index in range(param.n):
+                    rng = random.Random(len(self.requests) * 1000 + index)
+                    tokens: list[int] = []
+                    while len(tokens) < param.max_tokens:
+                        allowed = script.allowed(tokenizer.decode(ids[-TAIL:] + tokens, skip_special_tokens=False))
+                        tokens.append(rng.choice(allowed))
+                        if tokens[-1] == tokenizer.eos_token_id:
+                            break
+                    logprobs = [{t: SimpleNamespace(logprob=-0.5, rank=1)} for t in tokens]
+                    samples.append(SimpleNamespace(token_ids=tokens, logprobs=logprobs))
+                outputs.append(SimpleNamespace(prompt_token_ids=ids, outputs=samples))
+            return outputs
+
+    return ScriptedFakeLLM

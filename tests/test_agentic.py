@@ -312,3 +312,48 @@ def test_two_ranks_drop_a_mismatched_group_and_seed_the_others(tmp_path):
     state = json.loads((output_dir / "checkpoint-3" / "trainer_state.json").read_text())
     shares = [h["seeds/replay_mismatch_share"] for h in state["log_history"] if "seeds/replay_mismatch_share" in h]
     assert shares and max(shares) > 0
+
+
+@pytest.mark.parametrize("prefix_mode", ["state", "action"])
+def test_colocate_vllm_seeds_tool_runs(tmp_path, monkeypatch, prefix_mode):
+    """TRL's colocate vLLM backend (a scripted stand-in for `LLM`): tool runs seed, the first turn's budget is what
+    the prefix leaves, and a seeded request's prompt ends with its prefix's turns."""
+    import os
+
+    import trl.generation.vllm_generation as generation
+
+    from tests.vllm_server import pretend_vllm_is_installed
+
+    pretend_vllm_is_installed(monkeypatch.setattr)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # TRL's colocate set-up sets them
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
+    tokenizer = af.build_agent_tokenizer()
+    engine = af.scripted_fake_llm(tokenizer)
+    monkeypatch.setattr(generation, "LLM", engine)
+    args = agent_config(
+        tmp_path, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=4096, prefix_mode=prefix_mode
+    )
+    trainer = SeedGRPOTrainer(
+        af.scripted_agent(tokenizer, calls=1),
+        af.last_digits_even,
+        args=args,
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        tools=[af.add],
+    )
+    batches = recorded_run(trainer)
+    rows = list(seeded_rows(batches))
+    assert rows
+    llm = engine.instances[-1]
+    requests = {tuple(r["prompt_token_ids"]): r["max_tokens"] for r in llm.requests}
+    for batch, i, seed, cut in rows:
+        origin = [int(t) for t in seed.completion_ids[: cut.k]]
+        assert batch["ids"][i][: cut.k] == origin
+        expected = [int(x) for x in seed.tool_mask[: cut.k]] if prefix_mode == "action" else [0] * cut.k
+        assert batch["loss_mask"][i][: cut.k] == expected
+        sent = [p for p in requests if list(p[-cut.k :]) == origin]
+        assert sent and all(requests[p] == MAX_COMPLETION - cut.k for p in sent)
