@@ -192,3 +192,22 @@ def scripted_fake_llm(tokenizer, calls: int = 1):
             return outputs
 
     return ScriptedFakeLLM
+
+
+def scripted_sampler(tokenizer, calls: int = 1):
+    """A stand-in for `tests.vllm_server.sample_completion` that follows the script (digits drawn per request)."""
+    import random
+
+    script = ScriptedTurns(tokenizer, calls)
+
+    def sample(prompt_ids, index, max_tokens, token_ids=None, eos_token_id=None):
+        rng = random.Random(hash((tuple(prompt_ids[-TAIL:]), index)))
+        tokens: list[int] = []
+        while len(tokens) < max_tokens:
+            allowed = script.allowed(tokenizer.decode(list(prompt_ids[-TAIL:]) + tokens, skip_special_tokens=False))
+            tokens.append(rng.choice(allowed))
+            if tokens[-1] == tokenizer.eos_token_id:
+                break
+        return tokens
+
+    return sample

@@ -357,3 +357,41 @@ def test_colocate_vllm_seeds_tool_runs(tmp_path, monkeypatch, prefix_mode):
         assert batch["loss_mask"][i][: cut.k] == expected
         sent = [p for p in requests if list(p[-cut.k :]) == origin]
         assert sent and all(requests[p] == MAX_COMPLETION - cut.k for p in sent)
+
+
+def test_server_vllm_seeds_tool_runs(tmp_path, monkeypatch):
+    """TRL's server vLLM backend against the local stand-in, answering with the script: tool runs seed, and each
+    seeded group's request asks for the budget its prefix leaves."""
+    import tests.vllm_server as stand_in
+
+    tokenizer = af.build_agent_tokenizer()
+    monkeypatch.setattr(stand_in, "sample_completion", af.scripted_sampler(tokenizer))
+    server = stand_in.LocalVLLMServer(range(len(tokenizer)), tokenizer.eos_token_id, 4096).start()
+    try:
+        stand_in.pretend_vllm_is_installed(monkeypatch.setattr, stand_in.FakeWeightReceiver(server.received_weights))
+        args = agent_config(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.endpoint)
+        trainer = SeedGRPOTrainer(
+            af.scripted_agent(tokenizer, calls=1),
+            af.last_digits_even,
+            args=args,
+            train_dataset=af.agent_prompts(2),
+            processing_class=tokenizer,
+            tools=[af.add],
+        )
+        batches = recorded_run(trainer)
+    finally:
+        server.stop()
+    assert server.refused == []
+    rows = list(seeded_rows(batches))
+    assert rows
+    asked = {}
+    for completion in server.completions:
+        for prompt in completion["prompt"]:
+            asked.setdefault(tuple(prompt), set()).add(completion["max_tokens"])
+    for batch, i, seed, cut in rows:
+        origin = [int(t) for t in seed.completion_ids[: cut.k]]
+        assert batch["ids"][i][: cut.k] == origin
+        assert not any(batch["loss_mask"][i][: cut.k])
+        # (the origin's own tool-loop request may end the same way, asked with TRL's whole budget, at an earlier step)
+        sent = [p for p in asked if list(p[-cut.k :]) == origin]
+        assert sent and any(MAX_COMPLETION - cut.k in asked[p] for p in sent)
