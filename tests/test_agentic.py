@@ -395,3 +395,14 @@ def test_server_vllm_seeds_tool_runs(tmp_path, monkeypatch):
         # (the origin's own tool-loop request may end the same way, asked with TRL's whole budget, at an earlier step)
         sent = [p for p in asked if list(p[-cut.k :]) == origin]
         assert sent and any(MAX_COMPLETION - cut.k in asked[p] for p in sent)
+
+
+def test_generated_token_counts_leave_out_prefixes_and_tool_results(tools_run):
+    history = [h for h in tools_run["trainer"].state.log_history if "seeds/generated_tokens" in h]
+    assert len(history) == len(tools_run["batches"])
+    for logged, batch in zip(history, tools_run["batches"]):
+        cuts = batch["plan"].cuts
+        expected = sum(sum(mask[c.k if c is not None else 0 :]) for mask, c in zip(batch["tool_masks"], cuts))
+        assert logged["seeds/generated_tokens"] == expected
+        lengths = [sum(mask[c.k if c is not None else 0 :]) for mask, c in zip(batch["tool_masks"], cuts)]
+        assert logged["completions/mean_length"] == pytest.approx(sum(lengths) / len(lengths))

@@ -278,7 +278,12 @@ class SeedGRPOTrainer(GRPOTrainer):
             # TRL measured the lengths on whole responses, before the prefix mask existed: prefixes counted as
             # generated. It appended this batch's values just before; they are replaced in place.
             lengths = generated_length_metrics(
-                plan, completion_ids, truncated, self.accelerator.device, self.accelerator.gather
+                plan,
+                completion_ids,
+                truncated,
+                self.accelerator.device,
+                self.accelerator.gather,
+                generation.tool_masks,
             )
             for key, value in lengths.items():
                 self._metrics["train"][key][-1] = value
@@ -396,7 +401,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         replay = self.args.seed_method == "replay"
         gather = self.accelerator.gather
         values = seed_metrics(
-            plan, total, output["completion_mask"], self.num_generations, len(self.seed_bank), replay, gather
+            plan,
+            total,
+            output["completion_mask"],
+            self.num_generations,
+            len(self.seed_bank),
+            replay,
+            gather,
+            batch.generation.tool_masks,
         )
         # TRL's frac_reward_zero_std mixes seeded and plain groups: their all-equal shares apart
         values.update(
