@@ -71,3 +71,11 @@ def test_prefix_turns_split_the_recorded_messages():
         prefix_turns(MASK, 10, MESSAGES[2:])
     with pytest.raises(ValueError, match="tool-calling turns"):
         prefix_turns(MASK, 10, [])
+
+
+def test_tool_call_markup_is_found_from_the_chat_template():
+    from tests.agent_fixtures import build_agent_tokenizer
+    from ts_trl.trainer.agentic import tool_call_markup_ids
+
+    tokenizer = build_agent_tokenizer()
+    assert tokenizer.decode(tool_call_markup_ids(tokenizer)) == "<tool_call>"

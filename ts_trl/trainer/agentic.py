@@ -36,6 +36,7 @@ def tool_call_markup_ids(tokenizer) -> list[int] | None:
     common = 0
     while common < min(len(plain), len(called)) and plain[common] == called[common]:
         common += 1
+    common = called.rfind("\n", 0, common) + 1  # from the line's start: both may go on with the same "<"
     added = called[common : called.find(MARKUP_SENTINEL)].strip()
     marker = added.split("\n")[0].strip() if added else ""
     if not marker:
