@@ -150,11 +150,10 @@ class Echo:
 
 
 @pytest.mark.parametrize("option", [dict(tools=[add]), dict(environment_factory=Echo)], ids=["tools", "environment"])
-def test_multi_turn_options_are_refused_with_seeding_and_accepted_without(tmp_path, tokenizer, option, monkeypatch):
+def test_multi_turn_options_seed_and_refuse_only_replay(tmp_path, tokenizer, option, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = _tool_calling_tokenizer(tokenizer)
     chats = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+1?"}] for i in range(8)]})
-    (name,) = option
 
     def build(**settings):
         args = SeedGRPOConfig(**{**TINY_SETTINGS, "output_dir": str(tmp_path / "run"), **settings})
@@ -167,6 +166,9 @@ def test_multi_turn_options_are_refused_with_seeding_and_accepted_without(tmp_pa
             **option,
         )
 
-    with pytest.raises(ValueError, match=f"cannot be combined with `{name}`.*seed_method='none'"):
-        build()
+    assert build().planner.agent_cuts is not None  # seeds are cut at the admissible points of their turns
+    with pytest.raises(
+        ValueError, match="seed_method='replay' cannot be combined with `tools` or `environment_factory`"
+    ):
+        build(seed_method="replay")
     assert build(seed_method="none").args.seed_method == "none"

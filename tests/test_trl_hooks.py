@@ -22,6 +22,16 @@ EXPECTED = {
         "has_tool_images",
     ],
     "_generate": ["self", "prompts"],
+    "_tool_call_loop": [
+        "self",
+        "prompts",
+        "prompt_ids",
+        "completion_ids",
+        "completions",
+        "logprobs",
+        "images",
+        "multimodal_fields",
+    ],
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
     "_get_per_token_logps_and_entropies": [
         "self",
@@ -206,7 +216,24 @@ def _push_from_checkpoint(t):
     assert "self._push_from_checkpoint(" in inspect.getsource(Trainer._save_checkpoint)
 
 
+def _tool_loop(t):
+    """What the multi-turn seeds rely on in TRL's tool loop and environment set-up (see `trainer/agentic.py`)."""
+    from trl.chat_template_utils import parse_response  # noqa: F401 - the import itself is the check
+
+    loop = inspect.getsource(GRPOTrainer._tool_call_loop)
+    assert 'completion[0].get("tool_calls")' in loop
+    assert "prompt_ids[idx_with_tool] + completion_ids[idx_with_tool] + suffix_ids" in loop
+    assert "self._sync_tool_dicts[idx_with_tool]" in loop and "self._async_tool_dicts[idx_with_tool]" in loop
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for name in ("self._environment_pool", "self._multi_environment", "environment.reset(**reset_kwargs)"):
+        assert name in score
+    assert score.index("environment.reset(**reset_kwargs)") < score.index("self._generate(")
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert "self._env_tools[name]" in init and "self._batch_environments" in inspect.getsource(GRPOTrainer._generate)
+
+
 CHECKS = {
+    "tool_loop": _tool_loop,
     "tool_mask": _tool_mask,
     "length_metrics": _length_metrics,
     "mask_truncated_completions": _mask_truncated_completions,

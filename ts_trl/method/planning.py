@@ -13,7 +13,7 @@ prompts whose last plain group was all-equal). Their statistics are part of `Gro
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from .cutting import Cut, admissible_ratios, draw_cut
 from .group_signal import all_equal_groups
 from .selection import EXTERNAL_STEP, Seed
+from .turns import admissible_cuts, draw_turn_cut
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate"), mean reward, cut counts
 TARGET_RATIO_BINS = 4  # equal-width bins of [cut_ratio_min, cut_ratio_max] that cut_selection="target" picks among
@@ -172,8 +173,12 @@ class GroupPlanner:
         boundary_token_ids: Collection[int] | None = None,
         max_positions: int | None = None,
         text_cuts: Mapping[str, np.ndarray] | None = None,
+        agent_cuts: tuple[Sequence[int] | None, str] | None = None,
     ):
         self.args = args
+        # Multi-turn runs (tools, environments): (the ids a tool-call markup starts with, `agent_cut_points`). Seeds
+        # are then cut only at admissible points of their turns (`turns.py`); a seed without turns is not cut.
+        self.agent_cuts = agent_cuts
         # rollout id -> the only positions a re-tokenised text seed may be cut at (its text boundaries)
         self.text_cuts = text_cuts or {}
         self.max_positions = max_positions
@@ -287,6 +292,12 @@ class GroupPlanner:
     def _cut(self, seed: Seed, key: str, rng: np.random.Generator, budget: int) -> Cut | None:
         args, ids = self.args, seed.completion_ids
         low, high = args.cut_ratio_min, args.cut_ratio_max
+        if self.agent_cuts is not None:
+            if seed.tool_mask is None:
+                return None  # a seed with no recorded turns cannot be restored in a multi-turn run
+            markup, points = self.agent_cuts
+            admissible = admissible_cuts(ids, seed.tool_mask, self.eos_token_ids, markup, points)
+            return draw_turn_cut(seed.tool_mask, rng, low, high, admissible, budget)
         if args.cut_selection == "target":
             bounds = admissible_ratios(ids, self.eos_token_ids, budget, low, high)
             chosen = self.cut_outcomes.choose(key, self._passed(seed), self.pass_rates.get(key), bounds)
@@ -378,6 +389,30 @@ class GroupPlanner:
                 "cut_outcomes": CutOutcomes.copy(self.cut_outcomes.counts),
             }
         }
+
+
+def without_groups(plan: GroupPlan, groups: Collection[int], num_generations: int, first_row: int) -> GroupPlan:
+    """`plan` with the seeded global `groups` turned plain (e.g. an environment that could not replay their prefix)."""
+    if not groups:
+        return plan
+    G, dropped = num_generations, set(groups)
+    seeded_groups = [g for g in range(plan.num_groups) if plan.global_seeded[g * G]]
+    global_seeded, global_prefix_len = plan.global_seeded.copy(), plan.global_prefix_len.copy()
+    for g in dropped:
+        global_seeded[g * G : (g + 1) * G] = False
+        global_prefix_len[g * G : (g + 1) * G] = 0
+    local = [(first_row + i) // G in dropped for i in range(len(plan.cuts))]
+    kept_ages = [age for g, age in zip(seeded_groups, plan.global_seed_age) if g not in dropped]
+    return replace(
+        plan,
+        seeds=[None if d else s for s, d in zip(plan.seeds, local)],
+        cuts=[None if d else c for c, d in zip(plan.cuts, local)],
+        global_seeded=global_seeded,
+        global_prefix_len=global_prefix_len,
+        global_seed_age=kept_ages if len(plan.global_seed_age) == len(seeded_groups) else plan.global_seed_age,
+        group_cut_ratios=[None if g in dropped else r for g, r in enumerate(plan.group_cut_ratios)],
+        group_seed_passed=[None if g in dropped else p for g, p in enumerate(plan.group_seed_passed)],
+    )
 
 
 def _decay_into(stats: dict[str, float], key: str, value: float) -> None:

@@ -29,6 +29,8 @@ class Seed:
     logprobs: np.ndarray
     reward: float
     step: int
+    tool_mask: np.ndarray | None = None  # multi-turn rollouts: 1 on model tokens, 0 on tool results
+    messages: str | None = None  # multi-turn rollouts: JSON of the completion's messages (calls and tool results)
 
 
 def draw_seeds(

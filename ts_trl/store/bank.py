@@ -212,6 +212,8 @@ class SeedBank:
         self._hash_order = np.zeros(0, dtype=np.int32)
         self._hash_tail = _Column(np.uint32, capacity=_HASH_TAIL)
         self.num_snapshotted = 0  # rollouts [0, num_snapshotted) are in a written snapshot (or external)
+        # Multi-turn rollouts only (tools, environments): index -> (tool mask, JSON of the completion's messages).
+        self._turns: dict[int, tuple[np.ndarray, str]] = {}
 
     def __len__(self) -> int:
         return self._step.size
@@ -236,6 +238,7 @@ class SeedBank:
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum([len(i) for i in ids], out=offsets[1:])
         names, codes = np.unique([r.prompt_id for r in rollouts], return_inverse=True)
+        first = len(self)
         self._extend(
             *_utf8([r.rollout_id for r in rollouts]),
             names.tolist(),
@@ -247,6 +250,9 @@ class SeedBank:
             [r.step for r in rollouts],
             external=False,
         )
+        for index, r in enumerate(rollouts, start=first):
+            if r.tool_mask is not None:
+                self._turns[index] = (np.asarray(r.tool_mask, dtype=np.int8), r.completion)
 
     def _success_value(self, rollout: Rollout) -> float | None:
         return rollout.rewards.get(self.success_reward, rollout.reward) if self.success_reward else rollout.reward
@@ -259,6 +265,7 @@ class SeedBank:
         """
         if table is None or table.num_rows == 0:
             return
+        first = len(self)
         for batch in table.select(list(BANK_COLUMNS)).to_batches():
             if batch.num_rows == 0:
                 continue
@@ -281,6 +288,11 @@ class SeedBank:
                 external,
                 copy=False,
             )
+        if "tool_mask" in table.column_names and "completion" in table.column_names:
+            masks, completions = table.column("tool_mask").to_pylist(), table.column("completion").to_pylist()
+            for index, (mask, completion) in enumerate(zip(masks, completions), start=first):
+                if mask is not None:
+                    self._turns[index] = (np.asarray(mask, dtype=np.int8), completion)
         self._index_prompts()  # part of loading: the first `sample` after a resume pays nothing extra
 
     def attach_snapshot(self, table: pa.Table) -> None:
@@ -490,6 +502,8 @@ class SeedBank:
                 logprobs=logps,
                 reward=reward,
                 step=step,
+                tool_mask=self._turns[index][0] if index in self._turns else None,
+                messages=self._turns[index][1] if index in self._turns else None,
             )
             for index, text, (ids, logps), prompt, reward, step in zip(
                 indices.tolist(), texts, tokens, prompts, rewards, steps

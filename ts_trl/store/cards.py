@@ -17,7 +17,7 @@ from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
 
 from ..resources import packaged_file
 from ..tiny import BASE_MODEL_DIR
-from .format import SEED_COLUMNS, SeedManifest, column_type_name
+from .format import SEED_COLUMNS, TURN_COLUMNS, SeedManifest, column_type_name
 
 MODEL_CARD_TEMPLATE = "model_card.md.j2"
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -330,6 +330,7 @@ def render_dataset_card(
     trained_model_id: str | None = None,
     local: bool = False,
     external: Mapping | None = None,
+    turn_columns: Sequence[str] = (),
 ) -> DatasetCard:
     """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
     folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
@@ -350,6 +351,7 @@ def render_dataset_card(
                 (column, "float32", f"Reward of the `{column.removeprefix('reward_')}` reward function.")
                 for column in reward_columns
             ]
+    columns += [(c.name, column_type_name(c), c.meaning) for c in TURN_COLUMNS if c.name in turn_columns]
     return DatasetCard.from_template(
         card_data,
         template_path=str(template_path(DATASET_CARD_TEMPLATE)),
@@ -393,6 +395,7 @@ def dataset_card_for_shard(
         steps = [int(match.group(1))] if match else []
         num_rows, external = first.num_rows, None
     return render_dataset_card(
+        turn_columns=[c.name for c in TURN_COLUMNS if c.name in schema.names],
         repo_id=repo_id,
         model=model,
         tokenizer_fingerprint=tokenizer,

@@ -62,6 +62,7 @@ class Rollout:
     prefix_len: int = 0
     seed_origin: str | None = None
     rewards: dict[str, float] = field(default_factory=dict)  # per reward function
+    tool_mask: Sequence[int] | None = None  # multi-turn rollouts: 1 on model tokens, 0 on tool results (TRL's)
 
 
 class SeedColumn(NamedTuple):
@@ -99,6 +100,56 @@ def column_type_name(column: SeedColumn) -> str:
     return f"{name} (nullable)" if column.nullable else name
 
 
+# Multi-turn rollouts (tools, environments) add two columns after these: TRL's tool mask and the OpenAI-style messages.
+TOOL_CALL_TYPE = pa.struct(
+    [("type", pa.string()), ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))]
+)
+MESSAGE_TYPE = pa.struct(
+    [("role", pa.string()), ("content", pa.string()), ("name", pa.string()), ("tool_calls", pa.list_(TOOL_CALL_TYPE))]
+)
+TURN_COLUMNS = (
+    SeedColumn(
+        "tool_mask",
+        pa.list_(pa.int8()),
+        "Multi-turn rollouts: per token of `completion_ids`, 1 for the model's tokens, 0 for tool results.",
+        nullable=True,
+    ),
+    SeedColumn(
+        "messages",
+        pa.list_(MESSAGE_TYPE),
+        "Multi-turn rollouts: the response as OpenAI-style messages (assistant turns with `tool_calls`, whose "
+        "`arguments` are JSON text, and `tool` results).",
+        nullable=True,
+    ),
+)
+
+
+def openai_messages(completion: str) -> list[dict]:
+    """A multi-turn completion (JSON of TRL's messages) as rows of `MESSAGE_TYPE`."""
+    rows = []
+    for message in json.loads(completion):
+        calls = [
+            {
+                "type": call.get("type", "function"),
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": json.dumps(call["function"].get("arguments", {})),
+                },
+            }
+            for call in message.get("tool_calls") or []
+        ]
+        content = message.get("content")
+        rows.append(
+            {
+                "role": message["role"],
+                "content": content if isinstance(content, str) or content is None else json.dumps(content),
+                "name": message.get("name"),
+                "tool_calls": calls or None,
+            }
+        )
+    return rows
+
+
 def seed_schema(reward_names: Sequence[str]) -> pa.Schema:
     """The Arrow schema of a run's shards, with one `reward_<name>` column per reward function."""
     fields = []
@@ -110,8 +161,10 @@ def seed_schema(reward_names: Sequence[str]) -> pa.Schema:
 
 
 def bank_columns(names: Sequence[str]) -> list[str]:
-    """The columns of a table the bank reads: its own and the per-function rewards (one may be the success reward)."""
-    return [n for n in names if n in BANK_COLUMNS or n.startswith("reward_")]
+    """The columns of a table the bank reads: its own and the per-function rewards (one may be the success reward),
+    and for multi-turn rollouts their tool mask and completion (the recorded messages that a replay needs)."""
+    turns = ("tool_mask", "completion") if "tool_mask" in names else ()
+    return [n for n in names if n in BANK_COLUMNS or n.startswith("reward_") or n in turns]
 
 
 def shard_name(step: int) -> str:
@@ -166,6 +219,11 @@ def rollouts_to_table(
         "tokenizer": [tokenizer] * len(rollouts),
     }
     schema = seed_schema(reward_names)
+    if any(r.tool_mask is not None for r in rollouts):
+        columns["tool_mask"] = [None if r.tool_mask is None else [int(x) for x in r.tool_mask] for r in rollouts]
+        columns["messages"] = [None if r.tool_mask is None else openai_messages(r.completion) for r in rollouts]
+        for column in TURN_COLUMNS:
+            schema = schema.append(pa.field(column.name, column.type))
     table = pa.table([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
     return with_sampling_metadata(table, sampling)
 

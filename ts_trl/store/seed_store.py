@@ -463,7 +463,7 @@ class SeedStore:
             tables = self.unsnapshotted or [
                 rollouts_to_table([], "", self.model_name, self.tokenizer_fp, self.reward_names)
             ]
-            table = pa.concat_tables(tables)
+            table = pa.concat_tables(tables, promote_options="default")  # multi-turn columns or not
             column = table.schema.get_field_index("checkpoint")
             table = table.set_column(column, "checkpoint", pa.array([checkpoint] * table.num_rows, pa.string()))
             table = with_sampling_metadata(table, self.sampling)

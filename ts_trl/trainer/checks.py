@@ -11,16 +11,21 @@ from ..method.cutting import max_cut
 PROMPTS_CHECKED = 2000  # prompts of a dataset measured against the budget at construction
 
 
-def check_single_turn(seed_method: str, trainer_kwargs: dict) -> None:
-    """Seeds are spliced into single-turn generations: tools, custom rollouts and environments are refused."""
+def check_seedable_rollouts(seed_method: str, trainer_kwargs: dict) -> None:
+    """Seeds are spliced into TRL's own generation and tool loop: a custom `rollout_func` is refused, and so is
+    `seed_method="replay"` with tools or environments (a replayed rollout would run its tool calls again)."""
     if seed_method == "none":
         return
-    for unsupported in ("tools", "rollout_func", "environment_factory"):
-        if trainer_kwargs.get(unsupported):
-            raise ValueError(
-                f"seed_method={seed_method!r} cannot be combined with `{unsupported}`: seeds are spliced into "
-                "single-turn generations. Use seed_method='none' for multi-turn or custom rollouts."
-            )
+    if trainer_kwargs.get("rollout_func"):
+        raise ValueError(
+            f"seed_method={seed_method!r} cannot be combined with `rollout_func`: a seed cannot be spliced into user "
+            "rollout code. Use tools= or environment_factory= for multi-turn rollouts, or seed_method='none'."
+        )
+    if seed_method == "replay" and (trainer_kwargs.get("tools") or trainer_kwargs.get("environment_factory")):
+        raise ValueError(
+            "seed_method='replay' cannot be combined with `tools` or `environment_factory`: a replayed rollout would "
+            "run its tool calls again. Use seed_method='seeds' for multi-turn rollouts."
+        )
 
 
 def check_one_generation_fits(dataset, generation_batch_size: int, num_generations: int) -> None:

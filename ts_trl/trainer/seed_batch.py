@@ -33,6 +33,8 @@ class Generation:
     completions: list | None = None  # `_generate`: their decoded text (or messages)
     sampling_logprobs: list | None = None  # `_generate`: the backend's (None on prefix tokens); None with HF generate
     rewards_per_func: object = None  # `_calculate_rewards`: a tensor gathered over all ranks, one row per rollout
+    first_turn_done: bool = False  # `_generate_single_turn`: the seeded call made; tool-loop calls after it are plain
+    tool_masks: list[list[int]] | None = None  # `_generate`: TRL's tool mask of each whole rollout (tools only)
 
 
 @dataclass
@@ -42,6 +44,8 @@ class SeedBatch:
     plan: GroupPlan
     mask_truncated: bool  # TRL's `mask_truncated_completions`, applied through the loss mask instead (see trainer)
     generation: Generation = field(default_factory=Generation)
+    inputs: list | None = None  # this rank's dataset rows (an environment is reset with its row again)
+    turns: dict | None = None  # multi-turn seeds: local row -> `turns.PrefixTurns` of its prefix
 
     @property
     def global_prefix_lens(self) -> np.ndarray:
@@ -204,6 +208,7 @@ def pending_rollouts(
             prefix_len=k,
             seed_origin=seed.rollout_id if seed is not None else None,
             rewards=dict(zip(reward_names, per_func[i])),
+            tool_mask=generation.tool_masks[i] if generation.tool_masks is not None else None,
         )
         item = PendingRollout(rollout, prefix_logprobs=np.asarray(seed.logprobs[:k]) if k else np.zeros(0))
         if generation.sampling_logprobs is not None:

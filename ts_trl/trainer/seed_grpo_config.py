@@ -12,6 +12,7 @@ from .notices import trl_notices_hidden
 SEED_METHODS = ("none", "seeds", "replay")
 SEED_FILTERS = ("success",)
 PREFIX_MODES = ("state", "action")
+AGENT_CUT_POINTS = ("any", "turns")  # multi-turn seeds: any admissible point, or turn boundaries only
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 CUT_SELECTIONS = ("ratio", "target")
 SEED_TRIGGERS = ("fraction", "zero_std")
@@ -54,6 +55,10 @@ class SeedGRPOConfig(GRPOConfig):
             prompt where the bank has one (else as `seed_selection` says, else any eligible seed).
         cut_at_newline (`bool`, *optional*, defaults to `False`):
             Snap the cut to the nearest step boundary (the position after a token containing a newline).
+        agent_cut_points (`str`, *optional*, defaults to `"any"`):
+            With `tools` or `environment_factory`: `"any"` cuts a multi-turn seed at a turn boundary (after a tool
+            result) or inside a model text span before its tool call; `"turns"` only at turn boundaries. The cut
+            ratio is over the seed's model tokens. Never inside a tool result or a tool-call markup.
         prefix_mode (`str`, *optional*, defaults to `"state"`):
             `"state"`: the prefix is context only, masked out of the loss (the method). `"action"`: prefix tokens
             are trained too, with a truncated token-level importance ratio against their behaviour log-probs.
@@ -133,6 +138,12 @@ class SeedGRPOConfig(GRPOConfig):
         "fraction", SEED_TRIGGERS, "'fraction': any group; 'zero_std': those whose last plain group was all-equal."
     )
     cut_at_newline: bool = field(default=False, metadata={"help": "Snap the cut to the nearest newline boundary."})
+    agent_cut_points: str = _choice(
+        "any",
+        AGENT_CUT_POINTS,
+        "With tools or environments: 'any' cuts at turn boundaries and inside model text (before a tool call); "
+        "'turns' cuts only after a tool result.",
+    )
     prefix_mode: str = _choice(
         "state", PREFIX_MODES, "'state': prefix masked from the loss; 'action': prefix trained, IS-corrected."
     )
@@ -226,6 +237,8 @@ class SeedGRPOConfig(GRPOConfig):
         """Checks the fields this class adds, using only values the user set (nothing TRL derives later)."""
         if self.seed_method not in SEED_METHODS:
             raise ValueError(f"seed_method must be one of {SEED_METHODS}, got {self.seed_method!r}.")
+        if self.agent_cut_points not in AGENT_CUT_POINTS:
+            raise ValueError(f"agent_cut_points must be one of {AGENT_CUT_POINTS}, got {self.agent_cut_points!r}.")
         if self.prefix_mode not in PREFIX_MODES:
             raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}, got {self.prefix_mode!r}.")
         if self.seed_filter is not None and self.seed_filter not in SEED_FILTERS:

@@ -10,8 +10,12 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   `seed[:k] + continuation` as the completion, so rewards and the loss see the whole response; the backend is patched
   for the call (`backends.SeededBackend`: per-request vLLM budgets, HF `generate` forcing each row's remaining
   prefix). Replayed rows skip the backend and are filled with a whole stored rollout, trained as old actions.
-- `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot,
+- `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot
+  (multiplied into the tool loop's own mask with tools),
   and corrects TRL's length metrics to count generated tokens only.
+- `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
+  generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
+  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion.
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
@@ -30,6 +34,7 @@ the `num_generations` continuations of the same cut.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,11 +44,13 @@ import torch
 from accelerate.utils import gather_object
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOTrainer
+from trl.chat_template_utils import parse_response
 
 from ..method.cutting import SeedSplicer, boundary_token_ids
 from ..method.group_signal import log_zero_std_shares, zero_std_shares
 from ..method.old_tokens import old_token_inputs, weight_old_tokens
-from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages
+from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages, without_groups
+from ..method.turns import prefix_turns
 from ..store.cards import THINKING_SEEDS_CITATION, model_card_for
 from ..store.hub import one_line_hub_errors
 from ..store.seed_store import (
@@ -54,12 +61,13 @@ from ..store.seed_store import (
     last_complete_checkpoint,
 )
 from ..tiny import save_base_for_adapter
+from .agentic import check_replayable, merged_tool_masks, replay_calls, tool_call_markup_ids
 from .backends import SeededBackend, replaced
 from .checks import (
     check_one_generation_fits,
     check_seedable_dataset,
+    check_seedable_rollouts,
     check_seeds_cuttable,
-    check_single_turn,
     check_success_reward,
 )
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
@@ -122,6 +130,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             boundary_token_ids(self._tokenizer) if args.cut_at_newline else None,
             max_positions=getattr(self.model.config, "max_position_embeddings", None),
             text_cuts=self.seed_store.text_cuts,
+            agent_cuts=(tool_call_markup_ids(self._tokenizer), args.agent_cut_points) if self.tools else None,
         )
         self.seed_store.checkpoint_state = self.planner.state
         if args.seed_method != "none" and args.seed_dataset is not None:
@@ -141,7 +150,9 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _check_inputs(self, train_dataset, kwargs: dict) -> None:
         """Refuses, before any generation, what seeding cannot run on (see `checks.py`)."""
         args = self.args
-        check_single_turn(args.seed_method, kwargs)
+        check_seedable_rollouts(args.seed_method, kwargs)
+        if args.seed_method != "none":
+            check_replayable(getattr(self, "_environment_pool", None))
         if train_dataset is None:
             return
         check_one_generation_fits(train_dataset, args.generation_batch_size, self.num_generations)
@@ -191,6 +202,7 @@ class SeedGRPOTrainer(GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         self.seed_store.flush()
         self._seed_batch = batch = SeedBatch(self._plan_groups(inputs), self.mask_truncated_completions)
+        batch.inputs = inputs
         try:
             # TRL would zero `completion_mask` of truncated rows, which is also the attention mask of the forward
             # passes whose log-probs become the bank's behaviour log-probs: those would then be scored without their
@@ -215,11 +227,18 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Prompt lengths in tokens, as the backend will see them; only needed to keep cuts within the positions."""
         if self.planner.max_positions is None or self.args.seed_method != "seeds" or self.args.seed_fraction == 0:
             return [None] * len(inputs)
+        if self.environment_factories is not None:  # prompts are rendered per environment, after its reset: unknown
+            return [None] * len(inputs)  # here; the tool loop keeps every turn within the model's positions
         return self._prompt_length_of(inputs, keys)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         batch = self._seed_batch
         generate = super()._generate_single_turn
+        if batch is not None and batch.generation.first_turn_done:  # a tool-loop call: rows continue their own turns
+            with self.backend.patched(None, [0] * len(prompt_ids), self.max_completion_length):
+                return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if batch is not None:
+            batch.generation.first_turn_done = True
         if batch is None or not batch.plan.any_seeded:
             # Other ranks' seeded rows may still reach the engine through this rank (vLLM server, TP colocate).
             lens = batch.global_prefix_lens if batch is not None else None
@@ -227,9 +246,9 @@ class SeedGRPOTrainer(GRPOTrainer):
                 return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         plan = batch.plan
         any_rows = self.backend.takes_any_rows and images is None and not multimodal_fields
-        request = generation_request(
-            prompt_ids, plan, self.seed_splicer, self.max_completion_length, self.backend.forces_prefixes, any_rows
-        )
+        # A multi-turn prefix holds end-of-turn tokens, at which `generate` would stop: it is spliced whole instead.
+        forces = self.backend.forces_prefixes and not self.tools
+        request = generation_request(prompt_ids, plan, self.seed_splicer, self.max_completion_length, forces, any_rows)
         patched = self.backend.patched(
             batch.global_prefix_lens, request.prefix_lens, request.budget, request.sent(request.forced)
         )
@@ -240,10 +259,16 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = assemble_responses(
             plan, request, continuations, logprobs, self.max_completion_length
         )
+        if self.args.prefix_mode == "action":  # a multi-turn prefix trains its model tokens, never its tool results
+            for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
+                if cut is not None and not plan.replayed[i] and seed.tool_mask is not None:
+                    masks[i][: cut.k] = [int(x) for x in seed.tool_mask[: cut.k]]
         batch.generation.response_masks = masks
         return completion_ids, sampling_logprobs
 
     def _generate(self, prompts):
+        if self._seed_batch is not None and self.tools:
+            self._restore_states(self._seed_batch)
         result = super()._generate(prompts)
         batch = self._seed_batch
         if batch is None:
@@ -252,7 +277,11 @@ class SeedGRPOTrainer(GRPOTrainer):
         plan, generation = batch.plan, batch.generation
         generation.completion_ids, generation.completions = completion_ids, completions
         generation.sampling_logprobs = logprobs
-        if plan.any_seeded and self.args.prefix_mode == "state":
+        if self.tools:
+            generation.tool_masks = self._trajectory_masks(plan, completion_ids, tool_mask)
+            if plan.any_seeded:
+                tool_mask = merged_tool_masks(generation.response_masks, tool_mask, [len(c) for c in completion_ids])
+        elif plan.any_seeded and self.args.prefix_mode == "state":
             tool_mask = generation.response_masks
         eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
         truncated = [ids[-1] not in eos_and_pad for ids in completion_ids]
@@ -265,11 +294,95 @@ class SeedGRPOTrainer(GRPOTrainer):
             # TRL measured the lengths on whole responses, before the prefix mask existed: prefixes counted as
             # generated. It appended this batch's values just before; they are replaced in place.
             lengths = generated_length_metrics(
-                plan, completion_ids, truncated, self.accelerator.device, self.accelerator.gather
+                plan,
+                completion_ids,
+                truncated,
+                self.accelerator.device,
+                self.accelerator.gather,
+                generation.tool_masks,
             )
             for key, value in lengths.items():
                 self._metrics["train"][key][-1] = value
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Multi-turn seeds: the prefix's turns, environment replay, the tool loop (`agentic.py`)
+
+    def _restore_states(self, batch: SeedBatch) -> None:
+        """Finds each seeded row's prefix turns and, with environments, replays their calls in the row's environment
+        (TRL has just reset it with the row); a group any of whose rows sees another result than recorded is planned
+        plain on every rank, its environments reset again. Logs the multi-turn seeding metrics."""
+        plan, G = batch.plan, self.num_generations
+        first = self.accelerator.process_index * len(plan.cuts)
+        turns = {
+            i: prefix_turns(seed.tool_mask, cut.k, json.loads(seed.messages))
+            for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts))
+            if cut is not None and not plan.replayed[i] and seed.tool_mask is not None
+        }
+        seeded_groups = int(plan.global_seeded[::G].sum())
+        mismatched, replayed = set(), 0
+        if self.environments:
+            for i, prefix in turns.items():
+                loop = getattr(self, "async_loop", None)
+                replayed += len(prefix.tool_calls)
+                if not replay_calls(self._sync_tool_dicts[i], self._async_tool_dicts[i], loop, prefix):
+                    mismatched.add((first + i) // G)
+            if self.accelerator.num_processes > 1:
+                mismatched = {g for part in gather_object([sorted(mismatched)]) for g in part}
+            for i in turns:
+                if (first + i) // G in mismatched:  # undo the partial replay: the row runs plain from the prompt
+                    row = batch.inputs[i]
+                    kwargs = {k: v for k, v in row.items() if k != "environment"} if self._multi_environment else row
+                    self.environments[i].reset(**kwargs)
+            batch.plan = without_groups(plan, mismatched, G, first)
+            turns = {i: t for i, t in turns.items() if (first + i) // G not in mismatched}
+        batch.turns = turns
+        local = [len(turns), sum(sum(m["role"] == "assistant" for m in t.messages) for t in turns.values()), replayed]
+        totals = self.accelerator.gather(torch.tensor(local, device=self.accelerator.device).reshape(1, 3)).sum(0)
+        metrics = self._metrics["train"]
+        if totals[0] > 0:
+            metrics["seeds/prefix_turns_mean"].append(float(totals[1] / totals[0]))
+        if self.environments and seeded_groups:
+            metrics["seeds/replay_mismatch_share"].append(len(mismatched) / seeded_groups)
+            metrics["seeds/replayed_tool_calls_mean"].append(float(totals[2]) / max(float(totals[0]), 1.0))
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        """TRL's loop, with each seeded row's history being its prefix's turns: the cut turn is parsed whole (prefix
+        part and continuation), the loop continues it, and the prefix's messages lead the row's completion."""
+        batch = self._seed_batch
+        turns = batch.turns if batch is not None and batch.turns is not None else {}
+        for i, prefix in turns.items():
+            prompts[i] = [*prompts[i], *prefix.messages]
+            start = prefix.partial_start
+            context = [*prompt_ids[i], *completion_ids[i][:start]]
+            completions[i] = [
+                parse_response(self._tokenizer, completion_ids[i][start:], prefix=context, tools=self._tools_of(i))
+            ]
+        result = super()._tool_call_loop(
+            prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+        )
+        completions = result[1]
+        for i, prefix in turns.items():
+            completions[i] = [*prefix.messages, *completions[i]]
+        return result
+
+    def _tools_of(self, row: int) -> list:
+        """The tools local row `row`'s prompt was rendered with (its environment's, with environments)."""
+        if self.environment_factories is not None:
+            return self._env_tools[self._batch_environments[row]]
+        return self.tools
+
+    def _trajectory_masks(self, plan: GroupPlan, completion_ids, loop_masks) -> list[list[int]]:
+        """Per local row, 1 on model tokens and 0 on tool results over the whole response (a seeded row's prefix part
+        from its seed: TRL's loop marks the whole first call as model tokens)."""
+        masks = []
+        for i, ids in enumerate(completion_ids):
+            mask = list(loop_masks[i]) if loop_masks is not None else [1] * len(ids)
+            seed, cut = plan.seeds[i], plan.cuts[i]
+            if cut is not None and not plan.replayed[i] and seed.tool_mask is not None:
+                mask[: cut.k] = [int(x) for x in seed.tool_mask[: cut.k]]
+            masks.append(mask)
+        return masks
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -304,7 +417,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         replay = self.args.seed_method == "replay"
         gather = self.accelerator.gather
         values = seed_metrics(
-            plan, total, output["completion_mask"], self.num_generations, len(self.seed_bank), replay, gather
+            plan,
+            total,
+            output["completion_mask"],
+            self.num_generations,
+            len(self.seed_bank),
+            replay,
+            gather,
+            batch.generation.tool_masks,
         )
         # TRL's frac_reward_zero_std mixes seeded and plain groups: their all-equal shares apart
         values.update(

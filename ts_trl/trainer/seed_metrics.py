@@ -33,10 +33,12 @@ def seed_metrics(
     bank_size: int,
     replay: bool,
     gather: Callable[[torch.Tensor], torch.Tensor],
+    model_masks: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """`seeds/*` of one batch: shares of seeded, eligible and refused groups, rewards by kind of row, token counts.
 
-    `total_rewards` holds one value per global row; `completion_mask` this rank's rows.
+    `total_rewards` holds one value per global row; `completion_mask` this rank's rows. `model_masks` (multi-turn
+    rollouts: 1 on model tokens, 0 on tool results, per local row) keeps tool results out of the generated tokens.
     """
     values: dict[str, float] = {}
     seeded = torch.as_tensor(plan.global_seeded, device=total_rewards.device)
@@ -64,7 +66,14 @@ def seed_metrics(
     for i, cut in enumerate(plan.cuts):
         if cut is not None:
             prefix[i, : cut.k] = 1
-    counts = torch.stack([(completion_mask * (1 - prefix)).sum(), (completion_mask * prefix).sum()]).float()
+    generated = completion_mask * (1 - prefix)
+    if model_masks is not None:
+        model = torch.zeros_like(completion_mask)
+        for i, mask in enumerate(model_masks):
+            width = min(len(mask), model.shape[1])
+            model[i, :width] = torch.as_tensor(list(mask[:width]), dtype=model.dtype)
+        generated = generated * model
+    counts = torch.stack([generated.sum(), (completion_mask * prefix).sum()]).float()
     counts = gather(counts.reshape(1, 2)).sum(dim=0)
     values["seeds/generated_tokens"] = counts[0].item()
     values["seeds/prefix_tokens"] = counts[1].item()
@@ -77,13 +86,18 @@ def generated_length_metrics(
     truncated: Sequence[bool],
     device,
     gather: Callable[[torch.Tensor], torch.Tensor],
+    model_masks: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """TRL's `completions/*` length metrics of one batch, on what was generated.
 
     A row's length is its continuation (its prefix was not generated), replayed rows (nothing generated) are left
-    out, and `clipped_ratio` keeps TRL's meaning (the response ran into `max_completion_length`).
+    out, and `clipped_ratio` keeps TRL's meaning (the response ran into `max_completion_length`). With `model_masks`
+    (multi-turn rollouts), only the continuation's model tokens count, as TRL counts tool runs.
     """
-    generated = [len(ids) - (c.k if c is not None else 0) for ids, c in zip(completion_ids, plan.cuts)]
+    if model_masks is not None:
+        generated = [sum(mask[c.k if c is not None else 0 :]) for mask, c in zip(model_masks, plan.cuts)]
+    else:
+        generated = [len(ids) - (c.k if c is not None else 0) for ids, c in zip(completion_ids, plan.cuts)]
     lengths = gather(torch.tensor(generated, device=device))
     clipped = gather(torch.tensor(list(truncated), device=device))
     kept = torch.as_tensor(~plan.global_replayed, device=device)

@@ -22,6 +22,7 @@ TRL_HOOKS = (
     "_generate_and_score_completions",
     "_generate_single_turn",
     "_generate",
+    "_tool_call_loop",
     "_calculate_rewards",
     "_get_per_token_logps_and_entropies",
     "_compute_loss",
@@ -50,6 +51,10 @@ TRL_INTERNALS = {
     "hf_api": "transformers.trainer.hf_api(), the client Trainer.push_to_hub and _push_from_checkpoint upload with, "
     "replaced so that seeds/ stays out of the model repo",
     "push_from_checkpoint": "Trainer._push_from_checkpoint(checkpoint_folder), called at each save with push_to_hub",
+    "tool_loop": "GRPOTrainer._tool_call_loop reads each row's calls from completions[i][0], concatenates prompt ids, "
+    "completion ids and tool-result ids, and runs tools from _sync_tool_dicts/_async_tool_dicts; "
+    "_generate_and_score_completions resets `environments` (from _environment_pool, _multi_environment) before "
+    "`_generate`; `_env_tools`, `_batch_environments` and `trl.chat_template_utils.parse_response` parse a turn",
 }
 
 
