@@ -38,7 +38,9 @@ def test_this_run_uses_the_layout_it_claims():
     import ts_trl
 
     under_tmp = [Path(path).resolve().is_relative_to("/tmp") for path in (ts_trl.__file__, sys.prefix)]
-    assert under_tmp == [RUNTIME_UNDER_TMP] * 2, (ts_trl.__file__, sys.prefix)
+    if not RUNTIME_UNDER_TMP:  # the first run is wherever the checkout is (a CI clone under /tmp, too)
+        pytest.skip("only the rerun in a venv under /tmp claims a layout")
+    assert under_tmp == [True, True], (ts_trl.__file__, sys.prefix)
 
 
 # ---------------------------------------------------------------- 4. helpers that come with the prompt are trusted
