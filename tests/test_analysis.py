@@ -206,7 +206,7 @@ def test_positions_without_recorded_sampling_asks_for_the_temperature(chat_run, 
     pq.write_table(table, tmp_path / "old" / "step-000002.parquet")
     assert main(["positions", "--seeds", str(tmp_path / "old"), "--checkpoint", str(chat_run / "checkpoint-2")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "--temperature" in err and "\n" not in err
+    assert err.startswith("ts_trl positions: error: ") and "--temperature" in err and "\n" not in err
 
 
 def _relay(run, out, *extra) -> list[dict]:
@@ -296,7 +296,7 @@ def test_relay_rejects_an_unknown_success_reward(chat_run, tmp_path, capsys):
     ]
     assert main([*argv, "--success_reward", "nope"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --success_reward 'nope' is none of the rewards") and "\n" not in err
+    assert err.startswith("ts_trl relay: error: --success_reward 'nope' is none of the rewards") and "\n" not in err
 
 
 def test_paired_bootstrap_resamples_prompts_not_samples():

@@ -352,7 +352,7 @@ def test_relay_rejects_bad_input_in_one_line(checkpoints, tmp_path, capsys, argv
         args += ["--ratios", *argv[argv.index("--ratios") + 1 :]]
     assert main(["relay", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert err.startswith("ts_trl relay: error: ") and message in err and "\n" not in err
 
 
 @pytest.fixture(scope="module")
@@ -432,7 +432,7 @@ def test_positions_rejects_another_tokenizer_and_missing_checkpoint(seed_run, tm
     write_shard(rollouts_to_table([other], "c", "m", "0123456789abcdef", []), tmp_path / "other" / "s.parquet")
     assert main(["positions", "--seeds", str(tmp_path / "other"), "--checkpoint", str(seed_run / "checkpoint-4")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "another vocabulary" in err and "\n" not in err
+    assert err.startswith("ts_trl positions: error: ") and "another vocabulary" in err and "\n" not in err
     assert main(["positions", "--seeds", str(seed_run), "--checkpoint", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -549,7 +549,7 @@ def test_compare_rejects_bad_budget(capsys):
     from ts_trl.__main__ import main
 
     assert main(["compare", "--steps", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --steps must be positive, got 0."
+    assert capsys.readouterr().err.strip() == "ts_trl compare: error: --steps must be positive, got 0."
     assert main(["compare", "--steps", "4", "--n-train", "256"]) == 2  # 4 x 32 prompts never come back: no seeds
     assert "never brings a training prompt back" in capsys.readouterr().err
 

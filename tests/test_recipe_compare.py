@@ -120,7 +120,10 @@ def test_compare_config_refuses_bad_input_in_one_line(recipe, tmp_path, capsys):
     from ts_trl.__main__ import main
 
     assert main(["compare", "--config", str(recipe), "--seed", "3"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --seed: set per arm by compare --config; leave it out."
+    assert (
+        capsys.readouterr().err.strip()
+        == "ts_trl compare: error: --seed: set per arm by compare --config; leave it out."
+    )
     # A local one-file dataset has no test split: the held-out prompts must be named.
     assert main(["compare", "--config", str(recipe), "--output-dir", str(tmp_path / "o")]) == 2
     assert "give --eval_dataset" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from datasets import Dataset
 
 from tests.conftest import TINY_SETTINGS, count_reward, logged, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.embedded.agent import add
 from ts_trl.tiny import build_tiny_model
 from ts_trl.trainer.schedule import schedule_of
 
@@ -124,16 +125,6 @@ def _tool_calling_tokenizer(tokenizer):
     )
     tokenizer.response_schema = {"type": "object", "properties": {"content": {"type": "string"}}}
     return tokenizer
-
-
-def add(a: int, b: int) -> int:
-    """Adds two numbers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
 
 
 class Echo:

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if wants_recipe(argv[1:]):
             module = "ts_trl.analysis.recipe_compare"  # the arms on a recipe's model, data and rewards
-    return run_command(import_module(module).main, argv[1:])
+    return run_command(import_module(module).main, argv[1:], prog=f"ts_trl {argv[0]}")
 
 
 if __name__ == "__main__":

@@ -36,15 +36,17 @@ class InputError(ValueError):
     """Bad command-line input: reported as one line, without a traceback."""
 
 
-def run_command(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> int:
+def run_command(
+    main: Callable[[list[str] | None], object], argv: list[str] | None = None, prog: str = "ts_trl"
+) -> int:
     """Runs a command's `main` on one torch thread (unless the user set `OMP_NUM_THREADS`: the analyses' models are
-    small, and a second thread only waits on a busy machine), turning an `InputError` into one `error:` line on stderr
-    and exit status 2, and Ctrl-C into one line and exit status 130."""
+    small, and a second thread only waits on a busy machine), turning an `InputError` into one `<prog>: error:` line on
+    stderr (as argparse writes its own) and exit status 2, and Ctrl-C into one line and exit status 130."""
     try:
         with torch_threads(None if user_set_threads() else 1):
             main(argv)
     except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # what each command saved is kept (compare resumes from its finished runs)
         print("Interrupted.", file=sys.stderr)

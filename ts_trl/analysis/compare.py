@@ -1025,4 +1025,4 @@ def plot(curves: list[dict], path, budget: Budget, args) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_command(main))
+    raise SystemExit(run_command(main, prog="ts_trl compare"))

@@ -293,4 +293,4 @@ def plot(summary: list[dict], path, args, num_rollouts: int, steps: list[int], s
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_command(main))
+    raise SystemExit(run_command(main, prog="ts_trl positions"))

@@ -234,7 +234,7 @@ def format_table(summary: list[dict], choice: float | None, args, budget: int) -
 
 
 def cli(argv: list[str] | None = None) -> int:
-    return run_command(main, argv)
+    return run_command(main, argv, prog="ts_trl probe-cuts")
 
 
 if __name__ == "__main__":

@@ -438,4 +438,4 @@ def plot(summary: list[dict], path, args) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_command(main))
+    raise SystemExit(run_command(main, prog="ts_trl relay"))

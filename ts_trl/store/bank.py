@@ -442,18 +442,11 @@ class SeedBank:
         self._prompt_indexed = last
 
     def sample(
-        self,
-        prompt_ids: Sequence[str],
-        step: int,
-        rng: np.random.Generator,
-        selection: str = "uniform",
-        min_age: int = 1,
-        snapshot_only: bool = True,
-        pass_rates: dict[str, float] | None = None,
+        self, prompt_ids: Sequence[str], step: int, rng: np.random.Generator, *policy, **settings
     ) -> list[Seed | None]:
-        """One seed per prompt (None where the prompt has no eligible seed), drawn by `selection` (see
-        `ts_trl.method.selection.draw_seeds`, the policy; this class only stores)."""
-        chosen = draw_seeds(self, prompt_ids, step, rng, selection, min_age, snapshot_only, pass_rates)
+        """One seed per prompt (None where the prompt has no eligible seed). The policy and its settings (`selection`,
+        `min_age`, ...) are `ts_trl.method.selection.draw_seeds`'s; this class only stores."""
+        chosen = draw_seeds(self, prompt_ids, step, rng, *policy, **settings)
         seeds: list[Seed | None] = [None] * len(prompt_ids)
         found = np.flatnonzero(chosen >= 0)
         for position, seed in zip(found.tolist(), self._get_many(chosen[found])):
