@@ -60,6 +60,37 @@ def test_a_second_run_in_the_same_output_dir_is_refused_while_the_first_lives(ma
     assert second.state.global_step == 4
 
 
+def test_a_folder_without_locks_is_held_by_a_marker_that_a_dead_run_leaves_behind(make_trainer, monkeypatch):
+    import errno
+
+    from ts_trl.store import lock
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)  # as on a FUSE mount without locks
+    settings = dict(dataset=tiny_prompts(2), max_steps=2, save_steps=1)
+    first = make_trainer(**settings)
+    marker = Path(first.args.output_dir) / lock.RUNNING_FILE
+    seen = []
+
+    class Look(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(marker.read_text())  # held while it trains, naming the run
+
+    first.add_callback(Look())
+    first.train()
+    assert seen and all(f"pid {os.getpid()}" in text for text in seen) and not marker.exists()  # let go at the end
+    marker.write_text("pid 1 on node-0, since 2026-12-04 10:00:00\n")  # what a run killed there leaves
+    with pytest.raises(ValueError) as error:
+        make_trainer(**{**settings, "max_steps": 3}).train(resume_from_checkpoint=str(marker.parent / "checkpoint-2"))
+    assert str(marker) in _one_line(error) and "pid 1 on node-0" in str(error.value) and "delete" in str(error.value)
+    marker.unlink()  # the user's word that no run is alive there
+    resumed = make_trainer(**{**settings, "max_steps": 3})
+    resumed.train(resume_from_checkpoint=str(marker.parent / "checkpoint-2"))
+    assert resumed.state.global_step == 3 and not marker.exists()
+
+
 CHILD = """
 import os, signal, sys
 from pathlib import Path

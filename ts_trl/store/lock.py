@@ -11,6 +11,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 LOCK_FILE = ".ts_trl.lock"
+RUNNING_FILE = ".ts_trl.running"  # where `flock` is not available: exists exactly while a run trains
 
 
 class OutputDirLock:
@@ -18,13 +19,16 @@ class OutputDirLock:
 
     The kernel lets go of a `flock` when its holder's process ends, however it ends (a crash, `kill -9`, a lost node
     on a local disk), so a dead run never leaves the folder locked; the file itself stays and only names the last
-    holder. On NFS, Linux emulates `flock` with byte-range locks that the server arbitrates; a filesystem without
-    locks at all is warned about and the run goes on unguarded (see docs/seed-dataset.md).
+    holder. On NFS, Linux emulates `flock` with byte-range locks that the server arbitrates. On a filesystem without
+    locks (`ENOLCK`, some FUSE mounts) the run instead creates `.ts_trl.running` exclusively and deletes it when it
+    ends; a run killed there leaves it behind, and the next run refuses the folder naming that file until the user,
+    who alone can tell that no run is alive, deletes it.
     """
 
     def __init__(self, output_dir: str | os.PathLike):
         self.output_dir = Path(output_dir)
         self.fd: int | None = None
+        self.marker: Path | None = None  # `.ts_trl.running`, where this run holds the folder by that file
 
     @property
     def path(self) -> Path:
@@ -52,16 +56,38 @@ class OutputDirLock:
                 "would overwrite each other's seeds and checkpoints. Wait for it to end, or pass another output_dir."
             ) from None
         except OSError as error:  # a filesystem without locks (some network and FUSE mounts)
-            logger.warning(
-                f"Cannot lock {self.path} ({error.strerror}): nothing stops a second run from writing into "
-                f"{self.output_dir} while this one trains. Start one run per output_dir."
-            )
+            logger.warning(f"Cannot flock {self.path} ({error.strerror}): holding the folder by {RUNNING_FILE}.")
+            try:
+                self._create_marker()
+            except BaseException:
+                os.close(fd)
+                raise
         os.ftruncate(fd, 0)
-        started = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)
+        os.pwrite(fd, _holder().encode(), 0)
         self.fd = fd
 
+    def _create_marker(self) -> None:
+        marker = self.output_dir / RUNNING_FILE
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = marker.read_text(errors="replace").strip() or "a run"
+            raise ValueError(
+                f"output_dir={str(self.output_dir)!r} is held by {marker} ({holder}); its filesystem has no locks, so "
+                "a run that died there cannot let go of it. If no run is using this folder, delete that file."
+            ) from None
+        with os.fdopen(fd, "w") as file:
+            file.write(_holder())
+        self.marker = marker
+
     def release(self) -> None:
+        if self.marker is not None:
+            self.marker.unlink(missing_ok=True)
+            self.marker = None
         if self.fd is not None:
             os.close(self.fd)  # closing the last descriptor lets go of the lock
             self.fd = None
+
+
+def _holder() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"

@@ -14,7 +14,7 @@ import tempfile
 import transformers.trainer as hf_trainer
 
 from ..store.format import SEEDS_DIR
-from ..store.lock import LOCK_FILE
+from ..store.lock import LOCK_FILE, RUNNING_FILE
 from ..tiny import save_model_from_this_rank
 from .backends import replaced
 
@@ -95,7 +95,9 @@ class _ModelRepoApi:
 
     def upload_folder(self, *args, ignore_patterns=None, **kwargs):
         patterns = [ignore_patterns] if isinstance(ignore_patterns, str) else list(ignore_patterns or [])
-        return self._api.upload_folder(*args, ignore_patterns=[*patterns, f"{SEEDS_DIR}/*", LOCK_FILE], **kwargs)
+        return self._api.upload_folder(
+            *args, ignore_patterns=[*patterns, f"{SEEDS_DIR}/*", LOCK_FILE, RUNNING_FILE], **kwargs
+        )
 
 
 @contextlib.contextmanager
