@@ -617,3 +617,19 @@ def test_an_unreachable_hub_at_start_does_not_stop_the_run_and_the_next_start_pu
     files = hub.files(repo_id)
     assert all(files[f"data/{name}"] == (output_dir / "seeds" / name).read_bytes() for name in listed)
     assert any("Pushing 3 seed shard(s)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resume_never_pushes_a_shard_it_found_damaged(hub, make_trainer, tmp_path, caplog):
+    output_dir, repo_id = tmp_path / "run", "org/seeds"
+    make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1).train()  # without pushing
+    damaged = output_dir / "seeds" / "step-000001.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))  # the .arrow copy is whole: the bank is rebuilt from it
+    resumed = make_trainer(
+        dataset=tiny_prompts(2), max_steps=3, save_steps=1, push_seeds_to_hub=True, hub_seed_dataset_id=repo_id
+    )
+    resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
+    assert _hub_shards(hub, repo_id) == ["data/step-000002.parquet", "data/step-000003.parquet"]
+    (line,) = [r.getMessage() for r in caplog.records if "does not hold yet" in r.getMessage()]
+    assert "Pushing 1 seed shard(s)" in line and "step-000002.parquet" in line and "step-000001" not in line
