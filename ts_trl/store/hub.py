@@ -217,7 +217,8 @@ class SeedHubPusher:
             }
 
     def close(self, timeout: float | None = None) -> list[Path]:
-        """Pushes what is queued or failed before, waiting up to `timeout` seconds; returns the shards not pushed."""
+        """Pushes what is queued or failed before, waiting up to `timeout` seconds; returns the shards not pushed,
+        backlog shards that could not be compared with the repo included."""
         with self._lock:
             if not self._closing:
                 self._closing = True
