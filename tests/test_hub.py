@@ -173,6 +173,65 @@ def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(
         pusher.submit(shard)
 
 
+def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hub, tmp_path, caplog):
+    """What a crashed run left unpushed: shard 1 is on the Hub, 2 holds other bytes there (an abandoned branch's), 3
+    and 4 are missing; a shard the backlog does not name is left alone, and a failed comparison is tried again."""
+    from huggingface_hub import HfApi
+
+    from ts_trl.store.format import file_sha256
+
+    shards = write_run(tmp_path / "run", [1, 2, 3, 4])
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as before_the_crash:
+        before_the_crash.submit(shards[0])
+    api = HfApi(endpoint=hub.endpoint, token=FAKE_TOKEN)
+    for name, content in (("step-000002.parquet", b"an abandoned branch's shard"), ("step-000009.parquet", b"other")):
+        api.upload_file(path_or_fileobj=content, path_in_repo=f"data/{name}", repo_id=REPO_ID, repo_type="dataset")
+    commits = len(hub.commit_titles(REPO_ID))
+
+    hub.fail_next(1, status=503, path_contains="/paths-info/")
+    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, max_retries=0, **FAST)
+    pusher.submit_backlog({shards[0]: file_sha256(shards[0]), shards[1]: None, shards[2]: None, shards[3]: None})
+    wait_for(lambda: "Could not compare" in caplog.text)
+    assert pusher.status()["pending"] == 4 and len(hub.commit_titles(REPO_ID)) == commits  # kept, nothing pushed
+    (line,) = [r.getMessage() for r in caplog.records if "Could not compare" in r.getMessage()]
+    assert "\n" not in line and "4 seed shard(s)" in line and REPO_ID in line and "503" in line
+
+    pusher.submit(shards[3])  # the next push compares again first
+    assert pusher.close(timeout=60) == []
+    added = [f"Add seed shard {shard.name}" for shard in shards[1:]]
+    assert hub.commit_titles(REPO_ID)[commits:] == added  # shard 1 not again; 2 replaced, 3 and 4 added, in order
+    files = hub.files(REPO_ID)
+    assert all(files[f"data/{shard.name}"] == shard.read_bytes() for shard in shards)
+    assert files["data/step-000009.parquet"] == b"other"  # not the backlog's: never deleted or overwritten
+    (line,) = [r.getMessage() for r in caplog.records if "does not hold yet" in r.getMessage()]
+    assert "Pushing 3 seed shard(s)" in line and "step-000002.parquet, step-000003.parquet, step-000004" in line
+    assert pusher.status()["pushed"] == 3 and pusher.status()["pending"] == 0
+    card = DatasetCard(files["README.md"].decode())
+    assert "1, 2, 3, 4" in card.text  # the card came along, rendered from the manifest
+
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # everything is there now: no commit
+        again.submit_backlog({shard: None for shard in shards})
+    assert len(hub.commit_titles(REPO_ID)) == commits + 3 and again.status()["pushed"] == 0
+
+
+def test_a_backlog_compares_lfs_files_by_sha256_and_inline_files_by_blob_id(tmp_path):
+    from huggingface_hub import RepoFile
+
+    from tests.hub_server import git_blob_id
+    from ts_trl.store.format import file_sha256
+    from ts_trl.store.hub import _same_file
+
+    shard = tmp_path / "step-000001.parquet"
+    shard.write_bytes(b"rows")
+    sha256, blob = file_sha256(shard), git_blob_id(b"rows")
+    lfs = {"path": "data/x", "size": 4, "oid": "0" * 40, "lfs": {"oid": sha256, "size": 4, "pointerSize": 134}}
+    assert _same_file(RepoFile(**lfs), shard, None) and _same_file(RepoFile(**lfs), shard, sha256)
+    assert not _same_file(RepoFile(**{**lfs, "lfs": {**lfs["lfs"], "oid": "1" * 64}}), shard, None)
+    assert _same_file(RepoFile(path="data/x", size=4, oid=blob), shard, None)
+    assert not _same_file(RepoFile(path="data/x", size=4, oid=git_blob_id(b"rowz")), shard, None)
+    assert not _same_file(None, shard, sha256)
+
+
 def test_a_private_run_creates_a_private_repo_and_refuses_a_public_one(hub, tmp_path):
     shards = write_run(tmp_path / "run", [1])
     with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, private=True, **FAST) as pusher:

@@ -480,3 +480,156 @@ def test_a_seed_dataset_none_of_whose_seeds_can_be_cut_is_refused_at_constructio
         )
     assert "none of its" in _one_line(error) and "cut" in str(error.value)
     make_trainer(dataset=tiny_prompts(2), output_dir=str(tmp_path / "c"), seed_dataset=str(finished_run))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 3. Hub pushes that a crash left undone
+
+CRASH_CHILD = """
+import signal, sys, time
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.conftest import TINY_SETTINGS, count_reward, tiny_prompts
+from transformers import TrainerCallback
+from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.tiny import build_tiny_model, build_tokenizer
+
+signals = Path({signals!r})
+
+def wait(condition):
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+class Steer(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:  # checkpoint-1's shard was submitted: let it arrive, then the Hub fails
+            wait(lambda: self.pusher.status()["pushed"] == 1)
+            (signals / "first-pushed").write_text("")
+            wait((signals / "hub-failing").exists)
+        if state.global_step == 6:  # checkpoint-5 is saved; the pushes of shards 2 to 5 are failing
+            (signals / "crash-here").write_text("")
+            signal.pause()  # killed here by the test, as by a crash
+
+settings = {{**TINY_SETTINGS, "output_dir": {output_dir!r}, "max_steps": 6, "save_steps": 1}}
+args = SeedGRPOConfig(**settings, push_seeds_to_hub=True, hub_seed_dataset_id={repo_id!r})
+tokenizer = build_tokenizer()
+steer = Steer()
+trainer = SeedGRPOTrainer(model=build_tiny_model(tokenizer), reward_funcs=count_reward, args=args,
+                          train_dataset=tiny_prompts(2), processing_class=tokenizer, callbacks=[steer])
+steer.pusher = trainer.seed_store.pusher
+trainer.train()
+"""
+
+
+def _wait_for_file(path: Path, child: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        assert child.poll() is None, f"the child run ended before writing {path.name}"
+        assert time.monotonic() < deadline, f"the child run did not write {path.name}"
+        time.sleep(0.1)
+
+
+def _hub_shards(hub, repo_id):
+    return sorted(path for path in hub.files(repo_id) if path.startswith("data/"))
+
+
+def test_pushes_a_crash_left_undone_are_made_at_the_next_start(hub, make_trainer, tmp_path, caplog):
+    """Pushes fail from step 2 on, the run is killed (-9) at step 6, and resumed from checkpoint-4 with the Hub back:
+    shards 2 to 4 reach the Hub with one log line, shard 1 is not pushed again, the set-aside shard 5 never is."""
+    repo_id, output_dir, signals = "org/seeds", tmp_path / "run", tmp_path / "signals"
+    signals.mkdir()
+    script = CRASH_CHILD.format(repo=str(REPO), signals=str(signals), output_dir=str(output_dir), repo_id=repo_id)
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env={**os.environ, "PYTHONPATH": ""})
+    try:
+        _wait_for_file(signals / "first-pushed", child)
+        hub.fail_next(10**6, path_contains="/commit/")
+        (signals / "hub-failing").write_text("")
+        _wait_for_file(signals / "crash-here", child)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    hub.heal()
+    assert _hub_shards(hub, repo_id) == ["data/step-000001.parquet"]
+    assert [s["step"] for s in seed_manifest(output_dir)["shards"]] == [1, 2, 3, 4, 5]
+    commits = len(hub.commit_titles(repo_id))
+    abandoned = (output_dir / "seeds" / "step-000005.parquet").read_bytes()
+
+    resumed = make_trainer(
+        dataset=tiny_prompts(2), max_steps=6, save_steps=1, push_seeds_to_hub=True, hub_seed_dataset_id=repo_id
+    )
+    resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-4"))
+
+    listed = [s["file"] for s in seed_manifest(output_dir)["shards"]]
+    assert listed == [f"step-00000{step}.parquet" for step in range(1, 7)]
+    assert _hub_shards(hub, repo_id) == [f"data/{name}" for name in listed]
+    files = hub.files(repo_id)
+    assert all(files[f"data/{name}"] == (output_dir / "seeds" / name).read_bytes() for name in listed)
+    assert hub.commit_titles(repo_id)[commits:] == [f"Add seed shard {name}" for name in listed[1:]]
+    lines = [r.getMessage() for r in caplog.records if "does not hold yet" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert (
+        "Pushing 3 seed shard(s)" in lines[0] and "step-000002.parquet, step-000003.parquet, step-000004." in lines[0]
+    )
+    # The abandoned branch's shard 5 (in seeds/superseded/) was never in any commit; the resumed run's own shard 5 is.
+    assert abandoned != (output_dir / "seeds" / "step-000005.parquet").read_bytes()
+    assert abandoned in [p.read_bytes() for p in (output_dir / "seeds" / "superseded").rglob("step-000005.parquet")]
+    assert all(c.files.get("data/step-000005.parquet") != abandoned for c in hub.repos[("dataset", repo_id)].commits)
+
+
+def test_an_unreachable_hub_at_start_does_not_stop_the_run_and_the_next_start_pushes(
+    hub, make_trainer, tmp_path, caplog, monkeypatch
+):
+    import functools
+    import socket
+
+    from huggingface_hub import constants as hf_constants
+
+    from ts_trl.store import seed_store
+    from ts_trl.store.hub import SeedHubPusher
+
+    monkeypatch.setattr(seed_store, "SeedHubPusher", functools.partial(SeedHubPusher, max_retries=1, backoff=0.05))
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused, as with the network down
+        probe.bind(("127.0.0.1", 0))
+        unreachable = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    output_dir, repo_id = tmp_path / "run", "org/seeds"
+    settings = dict(dataset=tiny_prompts(2), save_steps=1)
+    make_trainer(**settings, max_steps=2).train()  # without pushing: the Hub has none of its shards
+
+    monkeypatch.setattr(hf_constants, "ENDPOINT", unreachable)
+    pushing = dict(push_seeds_to_hub=True, hub_seed_dataset_id=repo_id)
+    offline = make_trainer(**settings, **pushing, max_steps=3)
+    offline.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
+    assert offline.state.global_step == 3 and (output_dir / "checkpoint-3").is_dir()
+    lines = [r.getMessage() for r in caplog.records if "Could not compare" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "2 seed shard(s)" in lines[0] and repo_id in lines[0] and "next start" in lines[0]
+    assert ("dataset", repo_id) not in hub.repos
+    assert any("could not be compared" in r.getMessage() for r in caplog.records)  # said again by the end's report
+
+    caplog.clear()
+    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.endpoint)
+    online = make_trainer(**settings, **pushing, max_steps=4)
+    online.train(resume_from_checkpoint=str(output_dir / "checkpoint-3"))
+    listed = [s["file"] for s in seed_manifest(output_dir)["shards"]]
+    assert len(listed) == 4 and _hub_shards(hub, repo_id) == [f"data/{name}" for name in listed]
+    files = hub.files(repo_id)
+    assert all(files[f"data/{name}"] == (output_dir / "seeds" / name).read_bytes() for name in listed)
+    assert any("Pushing 3 seed shard(s)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resume_never_pushes_a_shard_it_found_damaged(hub, make_trainer, tmp_path, caplog):
+    output_dir, repo_id = tmp_path / "run", "org/seeds"
+    make_trainer(dataset=tiny_prompts(2), max_steps=2, save_steps=1).train()  # without pushing
+    damaged = output_dir / "seeds" / "step-000001.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))  # the .arrow copy is whole: the bank is rebuilt from it
+    resumed = make_trainer(
+        dataset=tiny_prompts(2), max_steps=3, save_steps=1, push_seeds_to_hub=True, hub_seed_dataset_id=repo_id
+    )
+    resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
+    assert _hub_shards(hub, repo_id) == ["data/step-000002.parquet", "data/step-000003.parquet"]
+    (line,) = [r.getMessage() for r in caplog.records if "does not hold yet" in r.getMessage()]
+    assert "Pushing 1 seed shard(s)" in line and "step-000002.parquet" in line and "step-000001" not in line

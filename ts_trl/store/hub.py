@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, snapshot_download
+from huggingface_hub import CommitOperationAdd, HfApi, RepoFile, constants, get_token, snapshot_download
 from huggingface_hub.errors import (
     HfHubHTTPError,
     HFValidationError,
@@ -20,6 +22,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import validate_repo_id
 
 from .cards import dataset_card_for_shard
+from .format import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ TRACE_DATASET_PATTERNS = ["*.parquet", "*.jsonl", "*.json", "*.csv", CARD_FILE]
 # The Hub is busy, down or behind a proxy that timed out: worth trying again. Other 4xx answers (bad token, no write
 # access, invalid repo) fail the same way on every attempt, so they end the retries at once.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+PATHS_PER_REQUEST = 100  # paths asked about in one `get_paths_info` call when comparing a backlog with the repo
 
 
 class SeedHubPusher:
@@ -48,6 +52,10 @@ class SeedHubPusher:
     local shards stay the source of truth: a shard that never reached the Hub is still on disk and listed by `close`.
     Pushing a shard again is harmless: unchanged files are skipped, and a shard keeps its name, so the repo never holds
     two copies of it.
+
+    What a pusher kept to retry dies with its process. `submit_backlog` is the way back at the next start: it hands over
+    every shard the run's manifest lists, and the worker, before any later push, asks the repo which of them it holds
+    and pushes the others.
 
     Args:
         repo_id: the dataset repo, `"org/name"`; created (as a dataset repo) on the first push if it does not exist.
@@ -97,6 +105,12 @@ class SeedHubPusher:
         self._in_flight: Path | None = None
         self._pending: dict[Path, None] = {}  # pushes that failed every attempt, oldest first
         self._pushed: dict[str, Path] = {}
+        # Shards handed over by `submit_backlog` whose presence in the repo is not known yet (path -> SHA-256 or None),
+        # whether a comparison is due (the worker takes it before any push) and whether one is under way.
+        self._backlog: dict[Path, str | None] = {}
+        self._backlog_due = False
+        self._comparing = False
+        self._compare_failed = False  # a comparison failed every attempt once already
         self._failed_attempts = 0
         self._failed_pushes = 0
         self._last_error: str | None = None
@@ -156,13 +170,38 @@ class SeedHubPusher:
                 raise RuntimeError(f"{self!r} is closed; create a new SeedHubPusher to push more shards.")
             if card_text is not None:
                 self._card_text = card_text
-            for retry in list(self._pending):
-                self._enqueue(retry)
-            self._pending.clear()
+            self._retry_failed()
             self._enqueue(shard)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._run, name=f"seed-hub-pusher:{self.repo_id}", daemon=True)
-                self._worker.start()
+            self._start_worker()
+            self._lock.notify_all()
+
+    def submit_backlog(self, shards: Mapping[str | Path, str | None], card_text: str | None = None) -> None:
+        """Queues a comparison of `shards` (path -> SHA-256, None when unknown) with the repo and returns at once; the
+        worker then pushes, before any later shard, those the repo does not hold, with one log line naming them.
+
+        Meant for the start of a run, with every shard its manifest lists: pushes that failed before a crash (or a
+        `kill -9`) are otherwise lost with the process that kept them. The repo holds a shard when it has
+        `data/<shard name>` with the same content: the SHA-256 the Hub reports for a file stored in LFS (or Xet), else
+        git's blob id. When the repo cannot be asked (offline, down), one line says so and the comparison is tried again
+        at the next `submit` and at `close`; nothing in the repo is deleted, and only the given shards are ever pushed.
+        """
+        backlog = {}
+        for path, sha256 in shards.items():
+            shard = Path(path).resolve()
+            if not shard.is_file():
+                raise FileNotFoundError(
+                    f"SeedHubPusher.submit_backlog got {shard}, which is not a file; pass the written seed shards."
+                )
+            backlog[shard] = sha256
+        with self._lock:
+            if self._closing:
+                raise RuntimeError(f"{self!r} is closed; create a new SeedHubPusher to push more shards.")
+            if card_text is not None:
+                self._card_text = card_text
+            self._backlog.update(backlog)
+            if self._backlog:
+                self._backlog_due = True
+                self._start_worker()
             self._lock.notify_all()
 
     def status(self) -> dict:
@@ -170,20 +209,20 @@ class SeedHubPusher:
         with self._lock:
             return {
                 "pushed": len(self._pushed),
-                "pending": len(self._queue) + (self._in_flight is not None) + len(self._pending),
+                # A backlog shard not compared yet counts: it is not known to be on the Hub.
+                "pending": len(self._queue) + (self._in_flight is not None) + len(self._pending) + len(self._backlog),
                 "failed_attempts": self._failed_attempts,
                 "failed_pushes": self._failed_pushes,
                 "last_error": self._last_error,
             }
 
     def close(self, timeout: float | None = None) -> list[Path]:
-        """Pushes what is queued or failed before, waiting up to `timeout` seconds; returns the shards not pushed."""
+        """Pushes what is queued or failed before, waiting up to `timeout` seconds; returns the shards not pushed,
+        backlog shards that could not be compared with the repo included."""
         with self._lock:
             if not self._closing:
                 self._closing = True
-                for retry in list(self._pending):
-                    self._enqueue(retry)
-                self._pending.clear()
+                self._retry_failed()
             self._lock.notify_all()
             worker = self._worker
         if worker is not None:
@@ -195,6 +234,16 @@ class SeedHubPusher:
             not_pushed = list(
                 dict.fromkeys([*self._pending, *self._queue, *([self._in_flight] if self._in_flight else [])])
             )
+            unknown = [shard for shard in self._backlog if shard not in not_pushed]
+        if unknown:
+            logger.warning(
+                "%d seed shard(s) listed by the run's manifest could not be compared with the Hub dataset %s (last "
+                "error: %s), so those it lacks were not pushed; the run's next start compares them again: %s.",
+                len(unknown),
+                self.repo_id,
+                self._last_error,
+                ", ".join(str(path) for path in unknown),
+            )
         if not_pushed:
             logger.warning(
                 "%d seed shard(s) were not pushed to the Hub dataset %s (last error: %s). They are on disk: %s. "
@@ -205,21 +254,42 @@ class SeedHubPusher:
                 ", ".join(str(path) for path in not_pushed),
                 self.repo_id,
             )
-        return not_pushed
+        return not_pushed + unknown
 
     # -- the worker's side ------------------------------------------------------------------------------------
     def _enqueue(self, shard: Path) -> None:
         if shard not in self._queue and shard != self._in_flight:
             self._queue.append(shard)
 
+    def _retry_failed(self) -> None:
+        """Queues again what failed every attempt: the pushes, and a comparison of the backlog (lock held)."""
+        for retry in list(self._pending):
+            self._enqueue(retry)
+        self._pending.clear()
+        if self._backlog and not self._comparing:
+            self._backlog_due = True
+
+    def _start_worker(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._run, name=f"seed-hub-pusher:{self.repo_id}", daemon=True)
+            self._worker.start()
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._backlog_due and not self._closing:
                     self._lock.wait()
-                if not self._queue or self._abort.is_set():
+                if self._abort.is_set() or not (self._queue or self._backlog_due):
                     return
-                shard = self._in_flight = self._queue.popleft()
+                backlog = None
+                if self._backlog_due:  # first: what it finds missing goes ahead of the queue
+                    self._backlog_due, self._comparing = False, True
+                    backlog = dict(self._backlog)
+                else:
+                    shard = self._in_flight = self._queue.popleft()
+            if backlog is not None:
+                self._compare_backlog(backlog)
+                continue
             pushed = self._push_with_retries(shard)
             with self._lock:
                 self._in_flight = None
@@ -229,27 +299,70 @@ class SeedHubPusher:
                     self._pending[shard] = None
                 self._lock.notify_all()
 
+    def _compare_backlog(self, backlog: dict[Path, str | None]) -> None:
+        """Queues, ahead of the rest, the backlog shards the repo does not hold; keeps them all when it cannot tell."""
+        missing, attempts = None, 0
+        try:
+            missing, attempts = self._with_retries(
+                lambda: self._missing(backlog), f"comparison of {len(backlog)} shards with"
+            )
+        finally:
+            with self._lock:
+                self._comparing = False
+                if missing is not None:
+                    for shard in backlog:
+                        self._backlog.pop(shard, None)
+                    for shard in reversed(missing):
+                        if shard not in self._queue and shard != self._in_flight:
+                            self._queue.appendleft(shard)
+                self._lock.notify_all()
+        if missing is None and not self._abort.is_set():  # (an aborted one is reported by `close`)
+            # A warning the first time; the later tries (one at each push while the Hub stays away) at info level.
+            level, self._compare_failed = logging.INFO if self._compare_failed else logging.WARNING, True
+            logger.log(
+                level,
+                "Could not compare the %d seed shard(s) of the run's manifest with the Hub dataset %s after %d "
+                "attempt(s) (%s); training goes on, and the comparison is tried again at the next push, at the end of "
+                "training and at the run's next start.",
+                len(backlog),
+                self.repo_id,
+                attempts,
+                self._last_error,
+            )
+        elif missing:
+            logger.warning(
+                "Pushing %d seed shard(s) the Hub dataset %s does not hold yet (their pushes failed or never ran "
+                "before the run stopped): %s.",
+                len(missing),
+                self.repo_id,
+                ", ".join(shard.name for shard in missing),
+            )
+        else:
+            logger.info(
+                "The Hub dataset %s holds all %d seed shards of the run's manifest.", self.repo_id, len(backlog)
+            )
+
+    def _missing(self, backlog: dict[Path, str | None]) -> list[Path]:
+        """The backlog shards the repo lacks, or holds with other content (those are replaced), in backlog order."""
+        paths = [f"{DATA_DIR}/{shard.name}" for shard in backlog]
+        held = {}
+        try:
+            for start in range(0, len(paths), PATHS_PER_REQUEST):
+                chunk = paths[start : start + PATHS_PER_REQUEST]
+                infos = self._api.get_paths_info(self.repo_id, chunk, repo_type="dataset")
+                held.update((info.path, info) for info in infos if isinstance(info, RepoFile))
+        except RepositoryNotFoundError:
+            return list(backlog)  # no repo yet: the first push creates it
+        return [
+            shard
+            for shard, sha256 in backlog.items()
+            if not _same_file(held.get(f"{DATA_DIR}/{shard.name}"), shard, sha256)
+        ]
+
     def _push_with_retries(self, shard: Path) -> bool:
-        attempts = 0
-        while not self._abort.is_set():
-            attempts += 1
-            try:
-                self._push(shard)
-                return True
-            except Exception as error:  # noqa: BLE001 - a failed upload must never reach the training loop
-                # One line, so that it reads well as a metric and in a log line.
-                message = self._redact(" ".join(f"{type(error).__name__}: {error}".split()))
-                with self._lock:
-                    self._failed_attempts += 1
-                    self._last_error = message
-                if attempts > self.max_retries or not _is_retryable(error):
-                    break
-                delay = min(self.backoff * 2 ** (attempts - 1), self.max_backoff)
-                logger.info(
-                    "Push of %s to %s failed (%s); retrying in %.1fs.", shard.name, self.repo_id, message, delay
-                )
-                if self._abort.wait(delay):
-                    break
+        pushed, attempts = self._with_retries(lambda: self._push(shard) or True, f"push of {shard.name} to")
+        if pushed:
+            return True
         with self._lock:
             self._failed_pushes += 1
         logger.warning(
@@ -261,6 +374,28 @@ class SeedHubPusher:
             self._last_error,
         )
         return False
+
+    def _with_retries(self, action: Callable, what: str) -> tuple:
+        """`(action's result, attempts)`, retrying with back-off while the error may pass; `(None, attempts)` when
+        it failed every attempt (the last error is recorded)."""
+        attempts = 0
+        while not self._abort.is_set():
+            attempts += 1
+            try:
+                return action(), attempts
+            except Exception as error:  # noqa: BLE001 - a failed upload must never reach the training loop
+                # One line, so that it reads well as a metric and in a log line.
+                message = self._redact(" ".join(f"{type(error).__name__}: {error}".split()))
+                with self._lock:
+                    self._failed_attempts += 1
+                    self._last_error = message
+                if attempts > self.max_retries or not _is_retryable(error):
+                    break
+                delay = min(self.backoff * 2 ** (attempts - 1), self.max_backoff)
+                logger.info("The %s %s failed (%s); retrying in %.1fs.", what, self.repo_id, message, delay)
+                if self._abort.wait(delay):
+                    break
+        return None, attempts
 
     def _push(self, shard: Path) -> None:
         if not self._repo_ready:
@@ -305,6 +440,18 @@ def one_line_hub_errors(action: str, fix: str):
 
 class PublicRepoError(ValueError):
     """A private run was about to push its seeds into an existing public repo; not retried."""
+
+
+def _same_file(held: RepoFile | None, shard: Path, sha256: str | None) -> bool:
+    """Whether the repo's file `held` has the content of the local `shard` (whose SHA-256 may be known already)."""
+    if held is None:
+        return False
+    if held.lfs is not None:  # the Hub reports the SHA-256 of the content of LFS (and Xet) files
+        return held.lfs.sha256 == (sha256 or file_sha256(shard))
+    if held.xet_hash is not None:  # no digest to compare with here; the size has to do
+        return held.size == shard.stat().st_size
+    content = shard.read_bytes()  # a small file committed inline: git's blob id
+    return held.blob_id == hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
 def _is_retryable(error: Exception) -> bool:

@@ -217,6 +217,7 @@ class SeedStore:
         # ~8 bytes a token plus the text) rather than Python lists (~36 bytes a token).
         self.unsnapshotted: list[pa.Table] = []
         self.lock = OutputDirLock(self.output_dir)  # held by the main process from `start` to `release`
+        self.damaged: set[str] = set()  # files of the manifest the resume found missing or damaged
         self.pusher = None
         if self.hub_dataset_id is not None and accelerator.is_main_process:
             self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
@@ -230,7 +231,7 @@ class SeedStore:
         """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
         accelerator = self.accelerator
         self.bank = SeedBank(*self.success)
-        self.pending, self.unsnapshotted, self.resumed_state = [], [], {}
+        self.pending, self.unsnapshotted, self.resumed_state, self.damaged = [], [], {}, set()
         fill_bank(self.bank, self.external_seeds, external=True)
         self._hold_output_dir()
         if accelerator.is_main_process:  # the one writer, before it writes: what a killed writer left is stale
@@ -277,6 +278,21 @@ class SeedStore:
                 manifest.external = self.external_provenance
                 manifest.save()
             self.manifest = manifest
+            self._push_backlog()
+
+    def _push_backlog(self) -> None:
+        """Hands the pusher every shard the manifest lists (main process, at start), to push in the background those
+        the Hub dataset does not hold: pushes that failed or were still queued when the run stopped (a crash, `kill -9`)
+        died with its process. Set-aside shards are not listed, so never pushed."""
+        if self.pusher is None or not self.manifest.shards:
+            return
+        # A shard the resume found missing or damaged (restored into the bank from its .arrow copy) was warned about.
+        listed = [s for s in self.manifest.shards if s["file"] not in self.damaged]
+        shards = {self.manifest.resolve(s["file"]): s.get("sha256") for s in listed}
+        shards = {path: sha256 for path, sha256 in shards.items() if path.is_file()}
+        if shards:
+            card = self.dataset_card(list(shards)[-1], self.hub_dataset_id, local=False)
+            self.pusher.submit_backlog(shards, card_text=str(card))
 
     def _hold_output_dir(self) -> None:
         """The main process locks the output_dir (one line when another run holds it); every rank stops with it."""
@@ -416,6 +432,7 @@ class SeedStore:
         )
         if accelerator.is_main_process and problems:
             resume.manifest.save()  # a rewritten .arrow file's new checksum
+        self.damaged = set(problems or {})  # names of the files found missing or damaged: never pushed
         return table
 
     def queue(self, rollouts: Sequence[PendingRollout | None]) -> list[int]:
