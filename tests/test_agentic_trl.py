@@ -40,6 +40,7 @@ class LoggedCounter(af.Counter):
     """`af.Counter` that keeps the calls made since its last reset (the replayed ones included)."""
 
     def reset(self, **row):
+        assert "environment" not in row  # TRL's routing field is not for reset
         super().reset(**row)
         self.calls = []
 
@@ -58,6 +59,7 @@ class Hundreds:
     """A second environment for routing: its `add` answers 100 more than a counter's, and it owns no reward."""
 
     def reset(self, **row):
+        assert "environment" not in row
         self.total, self.calls = 0, []
 
     def add(self, a: int, b: int) -> int:
@@ -257,23 +259,26 @@ def test_trl_construction_errors_come_first(case, tmp_path, monkeypatch):
 
 
 # Where a seed could not be matched to the prompt it answered: refused with one line, and plain runs still build.
+ROUTED = {"counter": LoggedCounter, "hundreds": Hundreds}
 REFUSED = {
-    "no_dataset": (None, "needs a train_dataset"),
-    "routing_only": (
-        Dataset.from_list([{"environment": "counter"}, {"environment": "hundreds"}]),
-        "only `environment`",
+    "no_dataset": (None, LoggedCounter, {}, "needs a train_dataset"),
+    "routing_only": (Dataset.from_list([{"environment": e} for e in ROUTED]), ROUTED, {}, "only `environment`"),
+    "seed_dataset_without_prompts": (
+        Dataset.from_list([{"task": 1}, {"task": 2}]),
+        Tasked,
+        dict(seed_dataset="org/traces"),
+        "matched to the training prompts",
     ),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
-def test_environment_made_prompts_without_row_data_are_refused(case, tmp_path, monkeypatch):
+def test_environment_made_prompts_that_seeds_cannot_match_are_refused(case, tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    dataset, message = REFUSED[case]
-    factory = LoggedCounter if dataset is None else {"counter": LoggedCounter, "hundreds": Hundreds}
+    dataset, factory, config, message = REFUSED[case]
     with pytest.raises(ValueError, match=message) as refused:
-        construct(tmp_path, dataset, environment_factory=factory)
-    assert "\n" not in str(refused.value) and "seed_method='none'" in str(refused.value)
+        construct(tmp_path, dataset, environment_factory=factory, config=config)
+    assert "\n" not in str(refused.value)
     construct(tmp_path, dataset, environment_factory=factory, config=dict(seed_method="none"))
 
 

@@ -37,7 +37,7 @@ def check_tools_restorable(vision_language: bool, tools) -> None:
         )
 
 
-def check_environment_rows(dataset, environments: bool) -> bool:
+def check_environment_rows(dataset, environments: bool, seed_dataset: str | None = None) -> bool:
     """Refuses environment runs whose seeds could not be matched to their prompt. True when rows carry no prompt:
     the environment's `reset(**row)` makes it, and the row's fields tell prompts apart (`seed_batch.prompt_of`)."""
     if not environments:
@@ -56,6 +56,11 @@ def check_environment_rows(dataset, environments: bool) -> bool:
         raise ValueError(
             "The training dataset's rows hold only `environment`: reset() alone makes each prompt, so a seed could "
             f"not be matched to the prompt it answered. {fix}"
+        )
+    if seed_dataset is not None:
+        raise ValueError(
+            f"seed_dataset={seed_dataset!r} is matched to the training prompts, and these rows have none (reset() "
+            "makes them). Leave seed_dataset unset, or give the training dataset a 'prompt' column."
         )
     return True
 

@@ -157,7 +157,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if args.seed_method != "none":
             check_replayable(getattr(self, "_environment_pool", None))
             check_tools_restorable(self._is_vlm, self.tools)
-            environment_prompts = check_environment_rows(train_dataset, self.environment_factories is not None)
+            environments = self.environment_factories is not None
+            environment_prompts = check_environment_rows(train_dataset, environments, args.seed_dataset)
         if train_dataset is None:
             return
         check_one_generation_fits(train_dataset, args.generation_batch_size, self.num_generations)
