@@ -152,7 +152,7 @@ def check_environments(trainer, batches: list[dict], factory) -> None:
     replayed prefix calls first); an environment-owned reward is that environment's, so it sees the replayed state."""
     class_of = factory if isinstance(factory, dict) else {None: factory}
     owned = [n for n in trainer.reward_func_names if n in {c.__name__ for c in class_of.values()}]
-    replayed = 0
+    replayed = set()  # the classes some seeded rollout replayed its prefix's calls in
     for batch in batches:
         for i, (kind, total, calls) in enumerate(batch["environments"]):
             assert kind is class_of[batch["inputs"][i].get("environment")]
@@ -161,14 +161,17 @@ def check_environments(trainer, batches: list[dict], factory) -> None:
             results = [m["content"] for m in messages if m["role"] == "tool"]
             assert str(total) == (results[-1] if results else "0")  # the state is the transcript's last result
             prefix = batch["turns"].get(i, af.NO_TURNS)
-            replayed += bool(prefix.observations)
+            if prefix.observations:
+                replayed.add(kind)
             for name in owned:
                 reward = batch["rewards"][i][trainer.reward_func_names.index(name)]
                 if kind.__name__ == name:
                     assert reward == float(total % 2 == 0)
                 else:
                     assert reward != reward  # NaN: another class's reward does not score this rollout
-    assert replayed, "no seeded rollout replayed a call"
+    assert replayed == set(class_of.values()), (
+        f"no seeded rollout replayed a call in {set(class_of.values()) - replayed}"
+    )
 
 
 @pytest.mark.parametrize("case", list(TRAINING))
@@ -193,13 +196,14 @@ def test_trl_multi_turn_training_with_seeding(case, tmp_path, monkeypatch):
         **options,
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    af.CALLS.clear()
     batches = recorded_training(trainer)
 
     history = trainer.state.log_history
     assert history[-1]["train_loss"] is not None
     assert max(h.get("seeds/seeded_group_share", 0) for h in history) > 0
-    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
-    assert changed, "no parameter was updated"
+    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p, before[n])]
+    assert not unchanged, f"parameters not updated: {unchanged}"
     calls = [h["tools/call_frequency"] for h in history if "tools/call_frequency" in h]
     failures = [h["tools/failure_frequency"] for h in history if "tools/failure_frequency" in h]
     if case == "malformed_tool_call":  # no call parsed, so no second generation and no tool run
@@ -208,6 +212,10 @@ def test_trl_multi_turn_training_with_seeding(case, tmp_path, monkeypatch):
         return
     assert max(calls) > 0
     assert max(failures) == (1.0 if case == "failing_tool" else 0.0)
+    if case == "sync_tool":  # the tool ran for the calls made after each prefix, never again for a prefix's own
+        made = [m["role"] == "tool" for b in batches for row in b["messages"] for m in row]
+        restored = [len(p.observations) for b in batches for p in b["turns"].values()]
+        assert sum(restored) > 0 and len(af.CALLS) == sum(made) - sum(restored)
     if "environment_factory" not in TRAINING[case]:
         return
     if case == "environment":  # an environment-owned reward comes after the trainer's, with weight 1
