@@ -77,7 +77,12 @@ class SeedColumn(NamedTuple):
 SEED_COLUMNS = (
     SeedColumn("rollout_id", pa.string(), "Unique id of the rollout."),
     SeedColumn("prompt_id", pa.string(), "Stable id of the prompt (a hash of it unless the training set had one)."),
-    SeedColumn("prompt", pa.string(), "The prompt; JSON text of the messages for conversational prompts."),
+    SeedColumn(
+        "prompt",
+        pa.string(),
+        "The prompt; JSON text of the messages for conversational prompts, or of the row for rows whose environment "
+        "makes the prompt.",
+    ),
     SeedColumn("completion", pa.string(), "The decoded response: seed prefix (if any), then the generated tokens."),
     SeedColumn("completion_ids", pa.list_(pa.int32()), "Token ids of the response."),
     SeedColumn("logprobs", pa.list_(pa.float32()), "Per-token log-probs of the policy that produced each token."),

@@ -28,6 +28,43 @@ def check_seedable_rollouts(seed_method: str, trainer_kwargs: dict) -> None:
         )
 
 
+def check_tools_restorable(vision_language: bool, tools) -> None:
+    """A tool result may hold images on a vision-language model, and a seed keeps token ids, not images."""
+    if vision_language and tools:
+        raise ValueError(
+            "seed_method='seeds' cannot restore tool results on a vision-language model: a seed keeps token ids, not "
+            "the images a tool returned. Use seed_method='none' for tools with a multimodal processing_class."
+        )
+
+
+def check_environment_rows(dataset, environments: bool, seed_dataset: str | None = None) -> bool:
+    """Refuses environment runs whose seeds could not be matched to their prompt. True when rows carry no prompt:
+    the environment's `reset(**row)` makes it, and the row's fields tell prompts apart (`seed_batch.prompt_of`)."""
+    if not environments:
+        return False
+    fix = "Pass a train_dataset whose rows reset(**row) reads (e.g. a task id column), or use seed_method='none'."
+    if dataset is None:
+        raise ValueError(
+            "seed_method='seeds' with environment_factory needs a train_dataset: without one every row is TRL's "
+            "empty placeholder, reset() alone makes the prompt, and a seed could not be matched to the prompt it "
+            f"answered. {fix}"
+        )
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or "prompt" in columns:
+        return False
+    if not set(columns) - {"environment"}:
+        raise ValueError(
+            "The training dataset's rows hold only `environment`: reset() alone makes each prompt, so a seed could "
+            f"not be matched to the prompt it answered. {fix}"
+        )
+    if seed_dataset is not None:
+        raise ValueError(
+            f"seed_dataset={seed_dataset!r} is matched to the training prompts, and these rows have none (reset() "
+            "makes them). Leave seed_dataset unset, or give the training dataset a 'prompt' column."
+        )
+    return True
+
+
 def check_one_generation_fits(dataset, generation_batch_size: int, num_generations: int) -> None:
     """TRL's sampler drops an incomplete generation batch, so a dataset smaller than one would train 0 steps."""
     if not hasattr(dataset, "__len__"):

@@ -147,7 +147,15 @@ def assemble_responses(
 
 def prompt_key(row: dict) -> str:
     """The prompt id of a dataset row: its `prompt_id` when it has one, else the prompt's stable hash."""
-    return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(row["prompt"])
+    return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(prompt_of(row))
+
+
+def prompt_of(row: dict) -> str | list:
+    """A row's prompt; for a row without one (its environment's `reset(**row)` makes the prompt), the row's fields
+    as JSON: they are all that tells its prompts apart."""
+    if "prompt" in row:
+        return row["prompt"]
+    return json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
 
 
 class PromptLengths:
@@ -196,10 +204,11 @@ def pending_rollouts(
         seed, cut = plan.seeds[i], plan.cuts[i]
         response, completion = generation.completion_ids[i], generation.completions[i]
         k = cut.k if cut is not None else 0
+        prompt = prompt_of(row)
         rollout = Rollout(
             rollout_id=f"{run_id}-{plan.step:06d}-{plan.count:02d}-{first_row + i:05d}",
             prompt_id=prompt_key(row),
-            prompt=row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]),
+            prompt=prompt if isinstance(prompt, str) else json.dumps(prompt),
             completion=completion if isinstance(completion, str) else json.dumps(completion),
             completion_ids=np.asarray(response, np.int32),  # compact from here to the shard
             logprobs=(),

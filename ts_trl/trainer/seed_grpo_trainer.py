@@ -64,11 +64,13 @@ from ..tiny import save_base_for_adapter
 from .agentic import check_replayable, merged_tool_masks, replay_calls, tool_call_markup_ids
 from .backends import SeededBackend, replaced
 from .checks import (
+    check_environment_rows,
     check_one_generation_fits,
     check_seedable_dataset,
     check_seedable_rollouts,
     check_seeds_cuttable,
     check_success_reward,
+    check_tools_restorable,
 )
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .notices import trl_notices_hidden
@@ -151,12 +153,16 @@ class SeedGRPOTrainer(GRPOTrainer):
         """Refuses, before any generation, what seeding cannot run on (see `checks.py`)."""
         args = self.args
         check_seedable_rollouts(args.seed_method, kwargs)
+        environment_prompts = False
         if args.seed_method != "none":
             check_replayable(getattr(self, "_environment_pool", None))
+            check_tools_restorable(self._is_vlm, self.tools)
+            environments = self.environment_factories is not None
+            environment_prompts = check_environment_rows(train_dataset, environments, args.seed_dataset)
         if train_dataset is None:
             return
         check_one_generation_fits(train_dataset, args.generation_batch_size, self.num_generations)
-        if args.seed_method != "none":
+        if args.seed_method != "none" and not environment_prompts:
             max_positions = getattr(self.model.config, "max_position_embeddings", None)
             engine_len = self.backend.colocated_max_model_len
             check_seedable_dataset(
