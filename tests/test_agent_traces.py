@@ -10,11 +10,15 @@ import pytest
 
 from tests import agent_fixtures as af
 from tests.conftest import logged
+from tests.test_planning import _args
 from tests.test_agentic import MAX_COMPLETION, agent_config, recorded_run, seeded_rows
 from ts_trl import SeedGRPOTrainer
+from ts_trl.method.planning import CutOutcomes, GroupPlanner
 from ts_trl.method.selection import EXTERNAL_STEP
 from ts_trl.method.turns import step_boundaries, turn_ratio_bounds
+from ts_trl.store.bank import SeedBank
 from ts_trl.store.external_seeds import read_traces
+from ts_trl.store.format import Rollout
 
 
 def call(a, b, arguments=None):
@@ -62,7 +66,10 @@ def rendered_text(tokenizer, messages) -> tuple[str, str]:
         message = dict(message)
         if message.get("tool_calls"):
             message["tool_calls"] = [
-                {"type": "function", "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                {
+                    "type": "function",
+                    "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])},
+                }
                 for c in message["tool_calls"]
             ]
         turns.append(message if message["role"] != "tool" else {**message, "name": "add"})
@@ -129,7 +136,7 @@ def test_an_environment_replays_agent_traces_and_drops_a_trace_it_answers_otherw
     assert max(logged(trainer, "seeds/replay_mismatch_share")) > 0
     assert max(logged(trainer, "seeds/replayed_tool_calls_mean")) > 0
     replayed = 0
-    for batch, i, seed, cut in external_rows(batches):
+    for batch, i, seed, _ in external_rows(batches):
         calls = batch["turns"][i].tool_calls
         assert seed.rollout_id == "trace-0" or not calls  # no group kept a state the environment does not hold
         if calls:
@@ -247,16 +254,66 @@ def test_turn_ratio_bounds_span_the_admissible_cuts_over_model_tokens():
     assert turn_ratio_bounds(mask, np.array([6]), 5, 0.1, 0.9) is None
 
 
-def test_cut_at_newline_and_target_cuts_in_a_tools_run(tmp_path):
+NL, MARK, EOS = 7, 99, 1
+# A calling turn (text with a newline at 4, the call markup from 7, EOS at 9), a tool result, a final turn (EOS last).
+TURN_IDS = [10, 11, 12, 13, NL, 14, 15, MARK, 16, EOS, 20, 21, 22, 23] + list(range(30, 39)) + [EOS]
+TURN_MASK = [1] * 10 + [0] * 4 + [1] * 10  # 20 model tokens; the turn boundary is k = 14 (10 model tokens before)
+
+
+def turn_planner(**overrides):
+    bank = SeedBank()
+    ids = np.asarray(TURN_IDS, np.int32)
+    bank.add_rollouts([Rollout("r", "a", "", "[]", ids, np.zeros(len(ids), np.float32), 1.0, 0, tool_mask=TURN_MASK)])
+    bank.mark_snapshotted()
+    newline = overrides.pop("boundary_token_ids", None)
+    args = _args(cut_ratio_min=0.1, cut_ratio_max=0.9, **overrides)
+    planner = GroupPlanner(args, 4, 64, {EOS}, newline, agent_cuts=([MARK], "any"))
+    planner.reset({"pass_rates": {"a": 0.0}})
+    return planner, bank
+
+
+def planned_cuts(planner, bank, steps=60) -> set[int]:
+    return {planner.plan(bank, ["a"] * 4, step, 0, 4).cuts[0].k for step in range(1, steps)}
+
+
+def test_multi_turn_cut_at_newline_keeps_turn_boundaries_and_cuts_after_newlines():
+    assert planned_cuts(*turn_planner(boundary_token_ids={NL})) == {5, 14}
+    assert planned_cuts(*turn_planner()) > {5, 14}  # without it: anywhere admissible (before the markup at 7)
+
+
+def test_multi_turn_target_cuts_draw_from_the_bin_nearest_the_target():
+    # The prompt's pass rate is 0 and the seed passed: the prior runs from 0 at r = 0 to 1 at r = 1, so the bins
+    # nearest 0.5 are [0.3, 0.5] and [0.5, 0.7] (ties: the earlier). Ratios in [0.3, 0.5] aim at 6 to 10 of the 20
+    # model tokens, snapped to the admissible 6, 7 (before the markup) or 14 (the turn boundary: 10 model tokens).
+    assert planned_cuts(*turn_planner(cut_selection="target")) == {6, 7, 14}
+    assert len(planned_cuts(*turn_planner())) > 3
+
+
+def test_cut_at_newline_and_target_cuts_in_a_tools_run(tmp_path, monkeypatch):
+    chosen = []  # each group's bin from cut_selection="target" (None: nothing known yet, drawn uniformly)
+    choose = CutOutcomes.choose
+
+    def recording_choose(self, *args):
+        chosen.append(choose(self, *args))
+        return chosen[-1]
+
+    monkeypatch.setattr(CutOutcomes, "choose", recording_choose)
     dataset = write_jsonl(tmp_path / "traces.jsonl", [trace(0), trace(1)])
     trainer, tokenizer = traces_trainer(
         tmp_path / "run", dataset, cut_at_newline=True, cut_selection="target", max_steps=2
     )
     batches = recorded_run(trainer)
     rows = list(seeded_rows(batches))
-    assert rows
+    inner = own = 0
     for _, _, seed, cut in rows:
         before = int(seed.completion_ids[cut.k - 1])
+        # a turn boundary, or right after a newline in the model's text (the run's own rollouts have no text cuts)
         assert not seed.tool_mask[cut.k - 1] or "\n" in tokenizer.decode([before]), cut
-    assert trainer.planner.cut_outcomes.counts  # the target estimator saw the seeded groups' outcomes
+        inner += bool(seed.tool_mask[cut.k - 1])
+        own += seed.step != EXTERNAL_STEP
+    assert inner and own, (inner, own)
+    ratios = [r for batch in batches for r in batch["plan"].group_cut_ratios]
+    assert len(chosen) == len(ratios)  # every multi-turn group asked the estimator (none knew anything yet here)
+    for bin_range, ratio in zip(chosen, ratios):  # the ratio is drawn in the chosen bin, then snapped
+        assert bin_range is None or bin_range[0] <= ratio <= bin_range[1]
     assert logged(trainer, "seeds/target_pass_rate")
