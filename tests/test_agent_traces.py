@@ -10,8 +10,8 @@ import pytest
 
 from tests import agent_fixtures as af
 from tests.conftest import logged
-from tests.test_planning import _args
 from tests.test_agentic import MAX_COMPLETION, agent_config, recorded_run, seeded_rows
+from tests.test_planning import _args
 from ts_trl import SeedGRPOTrainer
 from ts_trl.method.planning import CutOutcomes, GroupPlanner
 from ts_trl.method.selection import EXTERNAL_STEP
