@@ -162,6 +162,14 @@ def test_a_runs_own_seed_dataset_seeds_a_new_tools_run_through_its_messages(trac
         assert seed.tool_mask.tolist() == row["tool_mask"]
     recorded_run(trainer)
     assert max(logged(trainer, "seeds/external_share")) > 0
+    # As another tokenizer's seed dataset (its ids are not read): its messages give the same ids again.
+    other = table.set_column(table.schema.get_field_index("tokenizer"), "tokenizer", pa.array(["0" * 16] * len(table)))
+    pq.write_table(other, tmp_path / "other.parquet")
+    trainer, _ = traces_trainer(tmp_path / "from-other", str(tmp_path / "other.parquet"))
+    assert trainer.seed_store.external_provenance["completion_column"] == "messages"
+    for index in range(len(trainer.seed_bank)):
+        seed = trainer.seed_bank.get(index)
+        assert seed.completion_ids.tolist() == recorded[seed.rollout_id]["completion_ids"]
     # The run's output_dir as it is (this tokenizer's ids, with their turns) seeds one too.
     trainer, _ = traces_trainer(tmp_path / "from-shards", str(traces_run["dir"]), max_steps=1)
     batches = recorded_run(trainer)
@@ -222,6 +230,15 @@ def test_a_trace_of_another_prompt_is_left_out_and_counted(tmp_path, caplog):
     provenance = trainer.seed_store.external_provenance
     assert (provenance["rows"], provenance["matched"], provenance["kept"]) == (2, 1, 1)
     assert any("1 of 2 traces match a training prompt" in r.getMessage() for r in caplog.records)
+
+
+def test_the_success_filter_scores_a_trace_by_its_whole_trajectory(tmp_path):
+    odd = trace(1)
+    odd["messages"][-1]["content"] = "Sum: 36."  # last_digits_even: 3 + 6 is odd
+    dataset = write_jsonl(tmp_path / "traces.jsonl", [trace(0), odd])
+    trainer, _ = traces_trainer(tmp_path / "run", dataset, seed_filter="success", success_reward="last_digits_even")
+    assert trainer.seed_store.external_provenance["successful"] == 1
+    assert [trainer.seed_bank.get(i).rollout_id for i in range(len(trainer.seed_bank))] == ["trace-0"]
 
 
 def test_a_single_turn_seed_dataset_is_refused_in_a_tools_run(tmp_path):
