@@ -18,7 +18,7 @@ from ts_trl.method.selection import EXTERNAL_STEP
 from ts_trl.method.turns import step_boundaries, turn_ratio_bounds
 from ts_trl.store.bank import SeedBank
 from ts_trl.store.external_seeds import read_traces
-from ts_trl.store.format import Rollout
+from ts_trl.store.format import Rollout, prompt_id_of, tokenizer_fingerprint
 
 
 def call(a, b, arguments=None):
@@ -230,6 +230,19 @@ def test_a_trace_of_another_prompt_is_left_out_and_counted(tmp_path, caplog):
     provenance = trainer.seed_store.external_provenance
     assert (provenance["rows"], provenance["matched"], provenance["kept"]) == (2, 1, 1)
     assert any("1 of 2 traces match a training prompt" in r.getMessage() for r in caplog.records)
+
+
+def test_a_same_tokenizer_seed_of_another_conversational_prompt_is_refused(tmp_path):
+    """The round trip above reads conversational prompts (JSON text) as the prompts they are; one that names a
+    training prompt's id but holds another prompt is still refused."""
+    tokenizer = af.build_agent_tokenizer()
+    prompt = af.agent_prompts(2)[0]["prompt"]
+    other = json.dumps([{"role": "user", "content": "Add 5 and 6."}])
+    row = {"rollout_id": "r", "prompt_id": prompt_id_of(prompt), "prompt": other, "completion_ids": [5, 6, 7]}
+    row.update(logprobs=[0.0] * 3, reward=1.0, step=0, tokenizer=tokenizer_fingerprint(tokenizer))
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "seeds.parquet")
+    with pytest.raises(ValueError, match="so its seeds would continue another prompt"):
+        traces_trainer(tmp_path / "run", str(tmp_path / "seeds.parquet"))
 
 
 def test_the_success_filter_scores_a_trace_by_its_whole_trajectory(tmp_path):
