@@ -245,6 +245,22 @@ def test_a_same_tokenizer_seed_of_another_conversational_prompt_is_refused(tmp_p
         traces_trainer(tmp_path / "run", str(tmp_path / "seeds.parquet"))
 
 
+def test_a_resumed_run_reads_the_rendered_traces_back_from_its_cache(tmp_path, caplog):
+    dataset = write_jsonl(tmp_path / "traces.jsonl", [trace(0), trace(1)])
+    first, _ = traces_trainer(tmp_path / "run", dataset)
+    with caplog.at_level(logging.INFO, logger="ts_trl.store.external_seeds"):
+        again, _ = traces_trainer(tmp_path / "run", dataset)
+    assert any("read back from" in r.getMessage() for r in caplog.records)
+    for index in range(len(first.seed_bank)):
+        before, after = first.seed_bank.get(index), again.seed_bank.get(index)
+        assert after.completion_ids.tolist() == before.completion_ids.tolist()
+        assert after.tool_mask.tolist() == before.tool_mask.tolist()
+        assert json.loads(after.messages) == json.loads(before.messages)
+    assert {k: v.tolist() for k, v in again.seed_store.text_cuts.items()} == {
+        k: v.tolist() for k, v in first.seed_store.text_cuts.items()
+    }
+
+
 def test_the_success_filter_scores_a_trace_by_its_whole_trajectory(tmp_path):
     odd = trace(1)
     odd["messages"][-1]["content"] = "Sum: 36."  # last_digits_even: 3 + 6 is odd
