@@ -232,7 +232,15 @@ def _tool_loop(t):
     assert "self._env_tools[name]" in init and "self._batch_environments" in inspect.getsource(GRPOTrainer._generate)
 
 
+def _tool_suffix(t):
+    """Agent-trace text seeds render tool results with TRL's own suffix and the template it renders prompts with."""
+    assert list(inspect.signature(GRPOTrainer._get_tool_suffix_ids).parameters) == ["self", "tool_messages"]
+    assert "suffix_ids = self._get_tool_suffix_ids(tool_messages)" in inspect.getsource(GRPOTrainer._tool_call_loop)
+    assert hasattr(t, "chat_template") and isinstance(t.chat_template_kwargs, dict)
+
+
 CHECKS = {
+    "tool_suffix": _tool_suffix,
     "tool_loop": _tool_loop,
     "tool_mask": _tool_mask,
     "length_metrics": _length_metrics,

@@ -21,7 +21,7 @@ import numpy as np
 from .cutting import Cut, admissible_ratios, draw_cut
 from .group_signal import all_equal_groups
 from .selection import EXTERNAL_STEP, Seed
-from .turns import admissible_cuts, draw_turn_cut
+from .turns import admissible_cuts, draw_turn_cut, step_boundaries, turn_ratio_bounds
 
 PASS_RATE_DECAY = 0.5  # weight of a prompt's previous pass rate (seed_selection="passrate"), mean reward, cut counts
 TARGET_RATIO_BINS = 4  # equal-width bins of [cut_ratio_min, cut_ratio_max] that cut_selection="target" picks among
@@ -295,8 +295,11 @@ class GroupPlanner:
         if self.agent_cuts is not None:
             if seed.tool_mask is None:
                 return None  # a seed with no recorded turns cannot be restored in a multi-turn run
-            markup, points = self.agent_cuts
-            admissible = admissible_cuts(ids, seed.tool_mask, self.eos_token_ids, markup, points)
+            admissible = self.turn_cuts(seed.rollout_id, ids, seed.tool_mask, budget)
+            if args.cut_selection == "target":
+                bounds = turn_ratio_bounds(seed.tool_mask, admissible, budget, low, high)
+                chosen = self.cut_outcomes.choose(key, self._passed(seed), self.pass_rates.get(key), bounds)
+                low, high = chosen or (low, high)
             return draw_turn_cut(seed.tool_mask, rng, low, high, admissible, budget)
         if args.cut_selection == "target":
             bounds = admissible_ratios(ids, self.eos_token_ids, budget, low, high)
@@ -304,6 +307,18 @@ class GroupPlanner:
             low, high = chosen or (low, high)
         allowed = self.text_cuts.get(seed.rollout_id)
         return draw_cut(ids, rng, low, high, self.eos_token_ids, budget, self.boundary_token_ids, allowed)
+
+    def turn_cuts(self, rollout_id: str, ids, tool_mask, budget: int) -> np.ndarray:
+        """Where a multi-turn seed may be cut (`turns.admissible_cuts`): for a text seed only where its text may be
+        (`text_cuts`), and with `cut_at_newline` at turn boundaries and after newlines (`turns.step_boundaries`)."""
+        markup, points = self.agent_cuts
+        admissible = admissible_cuts(ids, tool_mask, self.eos_token_ids, markup, points)
+        allowed = self.text_cuts.get(rollout_id)
+        if allowed is not None:
+            admissible = np.intersect1d(admissible, allowed)
+        if self.boundary_token_ids:
+            admissible = step_boundaries(ids, tool_mask, admissible, self.boundary_token_ids, budget)
+        return admissible
 
     def _passed(self, seed: Seed) -> bool:
         return bool(seed.reward > self.args.success_threshold)

@@ -82,6 +82,35 @@ def admissible_cuts(
     return np.unique(np.asarray([k for k in cuts if 1 <= k < len(seed_ids)], dtype=np.int64))
 
 
+def step_boundaries(
+    seed_ids: Sequence[int],
+    tool_mask: Sequence[int],
+    admissible: np.ndarray,
+    boundary_token_ids: Collection[int],
+    budget: int,
+) -> np.ndarray:
+    """`cut_at_newline` for a multi-turn seed: the admissible cuts that are a turn boundary or follow a token holding a
+    newline inside a model turn. All of `admissible` when none of those leaves a token of `budget`, as a single-turn
+    cut keeps its ratio when no newline lies in range (a seed without tool calls and without newlines still seeds)."""
+    fits = admissible[admissible <= budget - 1]
+    stepped = [int(k) for k in fits if not tool_mask[k - 1] or int(seed_ids[k - 1]) in boundary_token_ids]
+    return np.asarray(stepped, dtype=np.int64) if stepped else admissible
+
+
+def turn_ratio_bounds(
+    tool_mask: Sequence[int], admissible: np.ndarray, budget: int, low: float, high: float
+) -> tuple[float, float] | None:
+    """The part of `[low, high]` that the admissible cuts within `budget` span, as ratios over the model tokens (for
+    `cut_selection="target"`, which picks a bin of it); `[low, high]` when they span less; None when none fits."""
+    fits = admissible[admissible <= budget - 1]
+    if not fits.size:
+        return None
+    model_before = np.r_[0, np.cumsum(np.asarray(tool_mask, dtype=np.int64))]
+    ratios = model_before[fits] / max(int(model_before[-1]), 1)
+    lo, hi = max(low, float(ratios.min())), min(high, float(ratios.max()))
+    return (lo, hi) if lo < hi else (low, high)
+
+
 def choose_turn_cut(tool_mask: Sequence[int], ratio: float, admissible: np.ndarray, budget: int) -> Cut | None:
     """Cuts at `floor(ratio * model tokens)` model tokens, snapped to the nearest admissible `k` that leaves at least
     one token of `budget` (ties: the earlier cut); None when no admissible cut fits."""

@@ -30,6 +30,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from .agent_traces import TurnTemplate, agent_trajectory, trajectory_text, turn_text_cuts
 from .format import (
     SEEDS_DIR,
     SeedManifest,
@@ -74,6 +75,7 @@ class Trace:
     prompt_id: str | None = None
     rollout_id: str | None = None
     reward: float | None = None
+    turns: list[dict] | None = None  # multi-turn runs: the trajectory's messages in TRL's form (`agent_traces.py`)
 
 
 @dataclass(frozen=True)
@@ -114,10 +116,12 @@ def read_external_seeds(
     reward_names=(),
     success_reward=None,
     main=True,
+    template: TurnTemplate | None = None,
 ) -> ExternalSeeds | None:
     """The seeds of `settings.seed_dataset` (an `ExternalSeedSettings`) for this run, or None without one; refusals are one line each.
 
-    `main`: this process writes the cache (every process computes the same seeds).
+    `main`: this process writes the cache (every process computes the same seeds). `template`: a multi-turn run's
+    (tools or environments), whose text seeds are agent trajectories rendered as TRL's tool loop writes them.
     """
     if settings.seed_dataset is None:
         return None
@@ -129,7 +133,7 @@ def read_external_seeds(
             f"{source} lies in this run's own output_dir ({output_dir}): the run would seed from the shards it writes, "
             "which a resume sets aside. Seed from another run's output_dir (or a copy of it)."
         )
-    key = _cache_key(settings, tokenizer_fp, train_dataset, success_reward)
+    key = _cache_key(settings, tokenizer_fp, train_dataset, success_reward, template)
     cached = _read_cache(Path(settings.output_dir) / CACHE_DIR, key, source)
     if cached is not None:
         refuse_text_seed_modes(settings, source)
@@ -141,21 +145,27 @@ def read_external_seeds(
     if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
         seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), settings.seed_dataset_same_tokenizer)
         if "prompt" in seeds.column_names and hasattr(train_dataset, "column_names"):
-            check_prompt_texts(seeds.column("prompt_id"), seeds.column("prompt"), train_dataset, source)
+            # plain values: a conversational prompt's JSON text is parsed only from a str, not an Arrow scalar
+            prompts = seeds.column("prompt").to_pylist()
+            check_prompt_texts(seeds.column("prompt_id").to_pylist(), prompts, train_dataset, source)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
         if settings.seed_filter:
             logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
         return ExternalSeeds(seeds, provenance)
     refuse_text_seed_modes(settings, source)
-    traces, columns = read_traces(table, settings.seed_prompt_column, settings.seed_completion_column, source)
+    multi_turn = template is not None
+    traces, columns = read_traces(
+        table, settings.seed_prompt_column, settings.seed_completion_column, source, multi_turn
+    )
     provenance.update(
         kind="seed dataset of another tokenizer" if "completion_ids" in table.column_names else "traces",
         prompt_column=columns[0],
         completion_column=columns[1],
         rows=len(traces),
+        turns=multi_turn,
     )
     success = (reward_funcs, reward_names, success_reward)
-    seeds = text_seeds(settings, tokenizer, traces, train_dataset, success, source, main)
+    seeds = text_seeds(settings, tokenizer, traces, train_dataset, success, source, main, template)
     seeds.provenance = {**provenance, **seeds.provenance, "cache_key": key}
     if main:
         _write_cache(Path(settings.output_dir) / CACHE_DIR, seeds)
@@ -258,12 +268,20 @@ def _source_model(table: pa.Table) -> dict:
     return info
 
 
-def read_traces(table: pa.Table, prompt_column, completion_column, source: str) -> tuple[list[Trace], tuple]:
-    """Every row's prompt and trace text, from the named columns or the defaults (`prompt`/`completion`, `messages`)."""
+def read_traces(
+    table: pa.Table, prompt_column, completion_column, source: str, multi_turn: bool = False
+) -> tuple[list[Trace], tuple]:
+    """Every row's prompt and trace text, from the named columns or the defaults (`prompt`/`completion`, `messages`).
+
+    `multi_turn` (a run with tools or environments): each trace is an agent trajectory (`agent_traces.py`), `messages`
+    is the default column before `completion`, and a text trace is one final assistant turn. A ts_trl seed dataset of
+    a multi-turn run (a `tool_mask` column) is read from its `messages` in any run: its `completion` is their JSON.
+    """
     names = table.column_names
     if table.num_rows == 0:
         raise ValueError(f"{source} holds no rows: seed from a dataset with at least one trace, or drop seed_dataset.")
-    default_completion = next((c for c in ("completion", "messages") if c in names), None)
+    order = ("messages", "completion") if multi_turn or "tool_mask" in names else ("completion", "messages")
+    default_completion = next((c for c in order if c in names), None)
     completion_column = completion_column or default_completion
     prompt_column = prompt_column or ("prompt" if "prompt" in names else None)
     for option, column in (("seed_completion_column", completion_column), ("seed_prompt_column", prompt_column)):
@@ -279,7 +297,16 @@ def read_traces(table: pa.Table, prompt_column, completion_column, source: str) 
     extra = {c: table.column(c).to_pylist() for c in ("prompt_id", "rollout_id", "reward") if c in names}
     traces = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        prompt, text = _split_messages(prompt, completion, f"{source}, row {i} of column {completion_column!r}")
+        where = f"{source}, row {i} of column {completion_column!r}"
+        turns = None
+        if multi_turn and isinstance(completion, str):
+            turns = [{"role": "assistant", "content": completion}]
+            text = completion
+        elif multi_turn:
+            before, turns = agent_trajectory(completion, where)
+            prompt, text = (prompt if prompt is not None else before or None), trajectory_text(turns)
+        else:
+            prompt, text = _split_messages(prompt, completion, where)
         if prompt is None:
             raise ValueError(
                 f"{source}: row {i} has no prompt (no 'prompt' column, and its trace is not chat messages with a "
@@ -293,6 +320,7 @@ def read_traces(table: pa.Table, prompt_column, completion_column, source: str) 
                 _text_or_none(extra.get("prompt_id"), i),
                 _text_or_none(extra.get("rollout_id"), i),
                 float(reward) if isinstance(reward, (int, float)) else None,
+                turns,
             )
         )
     return traces, (prompt_column or f"{completion_column} (messages)", completion_column)
@@ -446,7 +474,11 @@ def success_scores(traces, rows, train_dataset, success, source, main=True) -> n
         examples = [train_dataset[rows[i]] for i in batch]
         prompts = [example["prompt"] for example in examples]
         completions = [
-            [{"role": "assistant", "content": traces[i].text}] if isinstance(p, list) else traces[i].text
+            traces[i].turns
+            if traces[i].turns is not None
+            else [{"role": "assistant", "content": traces[i].text}]
+            if isinstance(p, list)
+            else traces[i].text
             for i, p in zip(batch, prompts)
         ]
         kwargs = {c: [example[c] for example in examples] for c in columns}
@@ -462,10 +494,13 @@ def _ignore(*args, **kwargs) -> None:
     """What a reward function's `log_extra` and `log_metric` do while traces are scored: nothing is logged."""
 
 
-def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str, main: bool = True) -> ExternalSeeds:
+def text_seeds(
+    settings, tokenizer, traces, train_dataset, success, source: str, main: bool = True, template=None
+) -> ExternalSeeds:
     """The bank rows of re-tokenised traces that match a training prompt, fit the budget and (with the filter) passed.
 
     `success`: (the run's reward functions, their names, the success reward's name), for `seed_filter="success"`.
+    `template`: a multi-turn run's `TurnTemplate`; each trace's turns are then rendered (`render_trajectory`).
     """
     rows = match_prompts(traces, train_dataset, source)
     kept = [i for i, row in enumerate(rows) if row is not None]
@@ -498,7 +533,13 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
             "id must be unique. Make the ids unique across files (e.g. prefix each with its file's name), or drop the "
             "rollout_id column."
         )
-    tokenised = {i: retokenise(tokenizer, traces[i].text, settings.cut_at_newline) for i in kept}
+    turns = None
+    if template is not None:
+        rendered = {i: render_trajectory(template, traces[i].turns, settings.cut_at_newline, source) for i in kept}
+        tokenised = {i: rendered[i][:2] for i in kept}
+        turns = [(rendered[i][2], json.dumps(traces[i].turns)) for i in kept]
+    else:
+        tokenised = {i: retokenise(tokenizer, traces[i].text, settings.cut_at_newline) for i in kept}
     _check_budget([len(tokenised[i][0]) for i in kept], settings.max_completion_length, source)
     prompt_ids = _prompt_ids(train_dataset)
     table = seed_rows_table(
@@ -506,6 +547,7 @@ def text_seeds(settings, tokenizer, traces, train_dataset, success, source: str,
         [prompt_ids[rows[i]] for i in kept],
         [tokenised[i] for i in kept],
         [rewards[i] for i in kept],
+        turns,
     )
     provenance["kept"] = len(kept)
     return ExternalSeeds(table, provenance, _cuts_of(table))
@@ -548,9 +590,27 @@ def _prompt_ids(train_dataset) -> list[str]:
     return [prompt_id_of(prompt) for prompt in train_dataset["prompt"]]
 
 
-def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards) -> pa.Table:
-    """Text seeds as bank rows: this tokenizer's ids, NaN log-probs (no behaviour policy), and where each may be cut."""
+def render_trajectory(template: TurnTemplate, turns: list[dict], newline_only: bool, source: str):
+    """(ids, where they may be cut, tool mask) of an agent trajectory rendered with this run's template."""
+    ids, mask = template.trajectory_ids(turns, source)
+    tokenizer = template.tokenizer
+    cuts = turn_text_cuts(tokenizer, ids, mask, lambda text: retokenise(tokenizer, text, newline_only))
+    return ids, cuts, mask
+
+
+def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards, turns=None) -> pa.Table:
+    """Text seeds as bank rows: this tokenizer's ids, NaN log-probs (no behaviour policy), and where each may be cut.
+
+    `turns` (multi-turn text seeds): per row, its tool mask and the JSON of its messages in TRL's form, which the bank
+    reads from the `tool_mask` and `completion` columns as it reads a multi-turn shard's.
+    """
     ids = [pair[0] for pair in tokenised]
+    extra = {}
+    if turns is not None:
+        extra = {
+            "tool_mask": pa.array([mask for mask, _ in turns], pa.list_(pa.int8())),
+            "completion": pa.array([messages for _, messages in turns], pa.string()),
+        }
     return pa.table(
         {
             "rollout_id": pa.array(rollout_ids, pa.string()),
@@ -560,6 +620,7 @@ def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards) -> pa.Table:
             "reward": pa.array(rewards, pa.float32()),
             "step": pa.array([0] * len(ids), pa.int32()),
             CUT_POSITIONS: pa.array([pair[1] for pair in tokenised], pa.list_(pa.int32())),
+            **extra,
         }
     )
 
@@ -573,7 +634,7 @@ def _cuts_of(table: pa.Table) -> dict[str, np.ndarray]:
 # The cache next to the run
 
 
-def _cache_key(settings, tokenizer_fp: str, train_dataset, success_reward) -> str:
+def _cache_key(settings, tokenizer_fp: str, train_dataset, success_reward, template=None) -> str:
     """What the text seeds depend on: the dataset (and a local one's files), the options, tokenizer and prompts."""
     parts = {
         name: getattr(settings, name)
@@ -595,6 +656,8 @@ def _cache_key(settings, tokenizer_fp: str, train_dataset, success_reward) -> st
     prompts = train_dataset["prompt"] if hasattr(train_dataset, "column_names") else []
     parts["prompts"] = hashlib.sha256(json.dumps(list(prompts), sort_keys=True).encode()).hexdigest()
     parts["tokenizer"] = tokenizer_fp
+    if template is not None:  # agent trajectories, rendered with this chat template
+        parts["turns"] = template.key()
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -174,6 +174,7 @@ class SeedStore:
         metrics: dict | None = None,
         train_dataset=None,
         reward_funcs=(),
+        turn_template=None,
     ):
         if not isinstance(settings, StoreSettings):  # a `SeedGRPOConfig`, as earlier releases took
             settings = StoreSettings.of(settings)
@@ -193,6 +194,7 @@ class SeedStore:
             reward_names,
             success_reward,
             main=accelerator.is_main_process,
+            template=turn_template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
         )
         self.external_seeds = external.table if external is not None else None
         self.external_provenance = external.provenance if external is not None else None

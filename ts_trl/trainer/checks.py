@@ -151,12 +151,29 @@ def check_success_reward(success_reward: str | None, reward_names: list[str]) ->
     return reward_names.index(success_reward or reward_names[0])
 
 
-def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, source: str) -> None:
+def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, source: str, turn_cuts=None) -> None:
     """Refuses a `seed_dataset` none of whose seeds can ever be cut (empty, one token, an EOS first, or a text seed
-    without a boundary within the budget): it would seed nothing, and the run would be plain GRPO without a word."""
+    without a boundary within the budget): it would seed nothing, and the run would be plain GRPO without a word.
+
+    `turn_cuts` (a multi-turn run's `GroupPlanner.turn_cuts`): seeds are cut at admissible points of their turns, and
+    one without recorded turns (a single-turn run's seed dataset) not at all.
+    """
     if table is None or table.num_rows == 0:
         return
-    for rollout_id, ids in zip(table.column("rollout_id").to_pylist(), table.column("completion_ids").to_pylist()):
+    ids_column, rollout_ids = table.column("completion_ids").to_pylist(), table.column("rollout_id").to_pylist()
+    if turn_cuts is not None:
+        masks = (
+            table.column("tool_mask").to_pylist() if "tool_mask" in table.column_names else [None] * len(ids_column)
+        )
+        for rollout_id, ids, mask in zip(rollout_ids, ids_column, masks):
+            if mask is not None and np.any(turn_cuts(rollout_id, ids, mask, budget) <= budget - 1):
+                return
+        raise ValueError(
+            f"{source}: none of its {table.num_rows} seeds can be cut in this run with tools (none has recorded "
+            f"turns, i.e. a `tool_mask`, with an admissible point within max_completion_length={budget}), so it "
+            "would seed nothing. Seed from a run with tools, or from traces in chat `messages` form."
+        )
+    for rollout_id, ids in zip(rollout_ids, ids_column):
         upper = max_cut(ids, eos_token_ids, budget)
         allowed = text_cuts.get(rollout_id)
         if upper >= 1 and (allowed is None or np.any((allowed >= 1) & (allowed <= upper))):

@@ -54,7 +54,8 @@ class SeedGRPOConfig(GRPOConfig):
             `seed_fraction`, from a successful seed for an all-failed prompt and a failed one for an all-passed
             prompt where the bank has one (else as `seed_selection` says, else any eligible seed).
         cut_at_newline (`bool`, *optional*, defaults to `False`):
-            Snap the cut to the nearest step boundary (the position after a token containing a newline).
+            Snap the cut to the nearest step boundary (the position after a token containing a newline). With `tools`
+            or `environment_factory`: cut at turn boundaries and after newlines inside model text only (docs/agentic.md).
         agent_cut_points (`str`, *optional*, defaults to `"any"`):
             With `tools` or `environment_factory`: `"any"` cuts a multi-turn seed at a turn boundary (after a tool
             result) or inside a model text span before its tool call; `"turns"` only at turn boundaries. The cut

@@ -51,6 +51,7 @@ from ..method.group_signal import log_zero_std_shares, zero_std_shares
 from ..method.old_tokens import old_token_inputs, weight_old_tokens
 from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages, without_groups
 from ..method.turns import prefix_turns
+from ..store.agent_traces import TurnTemplate
 from ..store.cards import THINKING_SEEDS_CITATION, model_card_for
 from ..store.hub import one_line_hub_errors
 from ..store.seed_store import (
@@ -138,8 +139,14 @@ class SeedGRPOTrainer(GRPOTrainer):
         if args.seed_method != "none" and args.seed_dataset is not None:
             source = f"seed_dataset={args.seed_dataset!r}"
             store = self.seed_store
+            turn_cuts = self.planner.turn_cuts if self.planner.agent_cuts is not None else None
             check_seeds_cuttable(
-                store.external_seeds, store.text_cuts, self.eos_token_ids, self.max_completion_length, source
+                store.external_seeds,
+                store.text_cuts,
+                self.eos_token_ids,
+                self.max_completion_length,
+                source,
+                turn_cuts,
             )
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
@@ -180,7 +187,14 @@ class SeedGRPOTrainer(GRPOTrainer):
             metrics=self._metrics["train"],
             train_dataset=self.train_dataset,
             reward_funcs=self.reward_funcs,
+            turn_template=self._turn_template(),
         )
+
+    def _turn_template(self) -> TurnTemplate | None:
+        """With tools or environments, how TRL renders turns: text seeds are then rendered as agent trajectories."""
+        if not self.tools:
+            return None
+        return TurnTemplate(self._tokenizer, self._get_tool_suffix_ids, self.chat_template, self.chat_template_kwargs)
 
     @property
     def seed_bank(self):
