@@ -278,6 +278,26 @@ def test_a_single_turn_seed_dataset_is_refused_in_a_tools_run(tmp_path):
         traces_trainer(tmp_path / "run", str(tmp_path / "ids.parquet"), seed_dataset_same_tokenizer=True)
 
 
+def test_a_multi_turn_seed_dataset_is_refused_in_a_run_without_tools(tmp_path):
+    """Its prefixes would carry tool results that no tool produced in this run."""
+    tokenizer = af.build_agent_tokenizer()
+    prompt = af.agent_prompts(2)[0]["prompt"]
+    row = {"rollout_id": "r", "prompt_id": prompt_id_of(prompt), "prompt": json.dumps(prompt)}
+    row.update(completion_ids=[5, 6, 7], tool_mask=[1, 0, 1], logprobs=[0.0] * 3, reward=1.0, step=0)
+    pq.write_table(
+        pa.Table.from_pylist([{**row, "tokenizer": tokenizer_fingerprint(tokenizer)}]), tmp_path / "s.parquet"
+    )
+    with pytest.raises(ValueError, match="holds multi-turn rollouts .* and this run has no tools") as error:
+        SeedGRPOTrainer(
+            af.scripted_agent(tokenizer, calls=0),
+            af.last_digits_even,
+            args=agent_config(tmp_path / "run", seed_dataset=str(tmp_path / "s.parquet")),
+            train_dataset=af.agent_prompts(2),
+            processing_class=tokenizer,
+        )
+    assert "\n" not in str(error.value)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # cut_at_newline and cut_selection="target" with multi-turn seeds
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
@@ -148,6 +149,12 @@ def read_external_seeds(
             # plain values: a conversational prompt's JSON text is parsed only from a str, not an Arrow scalar
             prompts = seeds.column("prompt").to_pylist()
             check_prompt_texts(seeds.column("prompt_id").to_pylist(), prompts, train_dataset, source)
+        if template is None and _holds_tool_results(seeds):
+            raise ValueError(
+                f"{source} holds multi-turn rollouts (tool results inside their completion_ids), and this run has no "
+                "tools or environment_factory: a prefix would carry tool results no tool produced here. Seed a run "
+                "with the same tools or environment, or use a single-turn seed dataset."
+            )
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
         if settings.seed_filter:
             logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
@@ -256,6 +263,14 @@ def _is_same_tokenizer_seed_dataset(table: pa.Table, tokenizer_fp: str) -> bool:
         return False
     found = set(table.column("tokenizer").unique().to_pylist()) if "tokenizer" in table.column_names else {None}
     return not (found - {None, tokenizer_fp}) or "completion" not in table.column_names
+
+
+def _holds_tool_results(seeds: pa.Table) -> bool:
+    """Whether any seed has tokens a tool wrote (a 0 in a multi-turn run's `tool_mask`)."""
+    if "tool_mask" not in seeds.column_names:
+        return False
+    masks = pc.list_flatten(seeds.column("tool_mask"))
+    return len(masks) > 0 and not pc.all(pc.equal(masks, 1)).as_py()
 
 
 def _source_model(table: pa.Table) -> dict:
