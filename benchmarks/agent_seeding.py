@@ -136,8 +136,21 @@ class Recorder:
         model = trainer.model
         self._model_generate = model.generate
         model.generate = self._generate_call
-        for name in ("_generate", "_restore_states", "_record_rollouts"):
+        self._plan_s = 0.0
+        for name in ("_plan_groups", "_generate", "_restore_states", "_record_rollouts"):
             setattr(trainer, name, getattr(self, f"_wrap{name}")(name))
+
+    def _wrap_plan_groups(self, name):
+        original = getattr(self.trainer, name)
+
+        def wrapped(inputs):  # drawing each group's seed and cut, before generation
+            start = time.perf_counter()
+            try:
+                return original(inputs)
+            finally:
+                self._plan_s = time.perf_counter() - start
+
+        return wrapped
 
     def _wrap_generate(self, name):
         original = getattr(self.trainer, name)
@@ -146,7 +159,7 @@ class Recorder:
             for key in TIMED:
                 TIMED[key] = 0.0
             batch = self._batch = {"calls": [], "restore_s": 0.0, "tool_log_start": len(TOOL_LOG), "tagged": []}
-            batch["dropped"] = []
+            batch["dropped"], batch["plan_s"] = [], self._plan_s
             batch["tool_names"] = []
             for row, tools in enumerate(getattr(self.trainer, "_sync_tool_dicts", None) or []):
                 batch["tagged"].append([])
@@ -333,6 +346,7 @@ def _build(task_name: str, fraction: float, settings: dict, output_dir: str, war
         logging_steps=1,
         report_to=[],
         use_cpu=True,
+        bf16=False,  # float32 on CPU, as `ts_trl train` runs the agent tasks
         seed=0,
         disable_tqdm=True,
     )
@@ -407,7 +421,7 @@ def _summarise(task_name: str, settings: dict, turns: dict, recorders: dict, sec
         prefix_model, prefix_tool, prefix_calls, new_calls = [], [], [], []
         metric_mismatch = 0
         per_step = {key: [] for key in ("seeded_groups", "generate_s", "rollout_s", "restore_s", "decode_steps")}
-        replay = {key: [] for key in ("total", "prefix_turns", "replay_calls", "parse_response")}
+        replay = {key: [] for key in ("total", "plan", "prefix_turns", "replay_calls", "parse_response")}
         for batch, log in zip(measured, logs):
             rows = batch["rows"]
             counts = [_row_tokens(r) for r in rows]
@@ -431,6 +445,7 @@ def _summarise(task_name: str, settings: dict, turns: dict, recorders: dict, sec
                 replay["total"].append((batch["restore_s"] + timed["parse_response"]) / groups)
                 for key in ("prefix_turns", "replay_calls", "parse_response"):
                     replay[key].append(timed[key] / groups)
+                replay["plan"].append(batch["plan_s"] / groups)
         wall, cpu = turns[name].wall[warm:], turns[name].cpu[warm:]
         variants[name] = {
             "seed_fraction": VARIANTS[name],
@@ -451,6 +466,7 @@ def _summarise(task_name: str, settings: dict, turns: dict, recorders: dict, sec
             "generate_s": _summary(per_step["generate_s"]),
             "decode_steps": _summary(per_step["decode_steps"]),
             "restore_s": _summary(per_step["restore_s"]),
+            "plan_s": _summary([batch["plan_s"] for batch in measured]),
             "replay_cost_per_seeded_group_ms": {key: _summary(np.array(v) * 1e3) for key, v in replay.items()},
             "replay_mismatch_share": _summary(
                 [log["seeds/replay_mismatch_share"] for log in logs if "seeds/replay_mismatch_share" in log]
@@ -461,15 +477,17 @@ def _summarise(task_name: str, settings: dict, turns: dict, recorders: dict, sec
             "_cpu": cpu,
             "_generate": per_step["generate_s"],
             "_rollout": per_step["rollout_s"],
+            "seeded_groups_per_step": per_step["seeded_groups"],
         }
     base = variants["plain"]
     for name in ("mixed", "seeded"):
         v = variants[name]  # per round: this trainer's step against the plain trainer's step of the same round
         for key, series in (("wall", "_wall"), ("cpu", "_cpu"), ("generate", "_generate"), ("rollout", "_rollout")):
             v[f"{key}_ratio"] = _summary(np.array(v[series]) / np.array(base[series]))
-    for v in variants.values():
-        for series in ("_wall", "_cpu", "_generate", "_rollout"):
-            v.pop(series)
+    for v in variants.values():  # the raw series stay in the JSON: the spread over steps is part of the result
+        v["per_step"] = {
+            key: [round(float(x), 4) for x in v.pop(f"_{key}")] for key in ("wall", "cpu", "generate", "rollout")
+        }
     return {
         "task": task_name,
         "seconds": seconds,
@@ -499,45 +517,64 @@ def markdown(report: dict) -> str:
         f"# Seeded against plain groups on the agent tasks ({'quick' if report['quick'] else 'full'})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']} ({s['threads']} threads), TRL {m['trl']}; "
-        f"commit {m['commit']}, {m['date']}. Load average (1 min) while it ran: mean {load['load1_mean']}, max "
-        f"{load['load1_max']}; cores kept busy by other processes: {load['other_busy_cores_mean']}. "
-        f"Total {report['seconds']:.0f} s. Command: `{report['command']}`.",
+        f"commit {m['commit']}{' (with uncommitted changes)' if m.get('commit_dirty') else ''}, {m['date']}. "
+        f"Load average (1 min) while it ran: mean {load['load1_mean']}, max {load['load1_max']}; cores kept busy "
+        f"by other processes: {load['other_busy_cores_mean']}. Total {report['seconds']:.0f} s. "
+        f"Command: `{report['command']}`.",
         "",
-        f"Per task, three trainers from the task's warm model ({s['warmup_steps'] or 'default'} warm-up steps), "
-        f"{s['num_prompts']} prompts, {s['batch_size']} rollouts a step ({s['batch_size'] // s['num_generations']} "
-        f"groups of {s['num_generations']}), HF generate, {s['warm_steps']} unmeasured + {s['measured_steps']} "
+        f"Per task, three trainers from the task's warm model ({s['warmup_steps'] or 'the task default of'} warm-up "
+        f"steps), {s['num_prompts']} prompts, {s['batch_size']} rollouts a step ({s['batch_size'] // s['num_generations']}"
+        f" groups of {s['num_generations']}), HF generate, {s['warm_steps']} unmeasured + {s['measured_steps']} "
         "measured steps each, interleaved in shuffled rounds. Tokens: model tokens a row generated in its step "
-        "(prefix and tool results excluded). Times: per step (median [25%, 75%]), ratios per round against the "
-        "plain trainer's step of the same round; rollout = TRL's `_generate` (tool loop, replay, all `generate` "
-        "calls). Replay cost per seeded group: finding the prefix turns + replaying their calls (`_restore_states`) "
-        "+ re-parsing the cut turn, over the step's seeded groups.",
+        "(prefix and tool results excluded). Times: per step, median [25%, 75%]; ratios: per round, against the "
+        "plain trainer's step of the same round. Rollout: TRL's `_generate` (tool loop, replay, every `generate` "
+        "call). Replay cost per seeded group: the step's time in finding prefix turns and replaying their calls "
+        "(`_restore_states`) and re-parsing cut turns, over its seeded groups; planning (drawing seeds and cuts) is "
+        "the whole step's, over its seeded groups.",
     ]
     for task, result in report["results"].items():
-        check = result["no_regeneration"]
+        check, variants = result["no_regeneration"], result["variants"]
         lines += [
             "",
             f"## {task}",
             "",
-            "| trainer | seeded groups | tokens/row, seeded | tokens/row, plain | seeded prefix: model + tool tokens "
-            "| calls/seeded row: prefix, new | step wall s | step wall s min–max | step CPU s | rollout s | generate s "
-            "| wall ratio | CPU ratio | rollout ratio | generate ratio | replay ms/seeded group: total (prefix turns, "
-            "replay, cut-turn parse) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| trainer | seeded groups | tokens/row, seeded rows | tokens/row, plain rows "
+            "| seeded prefix: model + tool tokens | tool calls per seeded row: prefix, after it |",
+            "|---|---|---|---|---|---|",
         ]
-        for name, v in result["variants"].items():
-            tok, rc = v["generated_tokens_per_row"], v["replay_cost_per_seeded_group_ms"]
+        for name, v in variants.items():
+            tok = v["generated_tokens_per_row"]
             lines.append(
                 f"| {name} (f={v['seed_fraction']}) | {_q(v['seeded_group_share'], 2)} "
                 f"| {_num(tok['seeded']['mean'])} ({tok['seeded']['rows']} rows) "
                 f"| {_num(tok['plain']['mean'])} ({tok['plain']['rows']} rows) "
                 f"| {_num(v['seeded_prefix_model_tokens_mean'])} + {_num(v['seeded_prefix_tool_tokens_mean'])} "
-                f"| {_num(v['seeded_prefix_calls_mean'])}, {_num(v['seeded_new_calls_mean'])} "
-                f"| {_q(v['step_wall_s'])} | {v['step_wall_s']['min']:.3g}–{v['step_wall_s']['max']:.3g} "
-                f"| {_q(v['step_cpu_s'])} | {_q(v['rollout_s'])} | {_q(v['generate_s'])} "
+                f"| {_num(v['seeded_prefix_calls_mean'])}, {_num(v['seeded_new_calls_mean'])} |"
+            )
+        lines += [
+            "",
+            "| trainer | step wall s | min–max | step CPU s | rollout s | generate s | decode steps "
+            "| wall ratio | CPU ratio | rollout ratio | generate ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, v in variants.items():
+            lines.append(
+                f"| {name} | {_q(v['step_wall_s'])} | {v['step_wall_s']['min']:.3g}–{v['step_wall_s']['max']:.3g} "
+                f"| {_q(v['step_cpu_s'])} | {_q(v['rollout_s'])} | {_q(v['generate_s'])} | {_q(v['decode_steps'])} "
                 f"| {_q(v.get('wall_ratio'))} | {_q(v.get('cpu_ratio'))} | {_q(v.get('rollout_ratio'))} "
-                f"| {_q(v.get('generate_ratio'))} "
-                f"| {_q(rc['total'])} ({_q(rc['prefix_turns'])}, {_q(rc['replay_calls'])}, "
-                f"{_q(rc['parse_response'])}) |"
+                f"| {_q(v.get('generate_ratio'))} |"
+            )
+        lines += [
+            "",
+            "| trainer | replay ms/seeded group | of which: prefix turns | replayed calls | cut-turn parse "
+            "| planning ms/seeded group | replay mismatch share |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, v in variants.items():
+            cost = v["replay_cost_per_seeded_group_ms"]
+            lines.append(
+                f"| {name} | {_q(cost['total'])} | {_q(cost['prefix_turns'])} | {_q(cost['replay_calls'])} "
+                f"| {_q(cost['parse_response'])} | {_q(cost['plan'])} | {_q(v['replay_mismatch_share'], 2)} |"
             )
         verdict = "holds" if not check["violation_count"] else f"**fails** ({check['violation_count']} violations)"
         lines += [
