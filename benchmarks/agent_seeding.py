@@ -2,6 +2,7 @@
 
     python benchmarks/agent_seeding.py            # both tasks, full size; writes benchmarks/results/agent_seeding.*
     python benchmarks/agent_seeding.py --quick    # CI size; writes to a temporary folder unless --out
+    python benchmarks/agent_seeding.py --report PATH.json   # the tables of a saved report, recomputed from it
 
 Per task (`calculator`: a function tool; `register`: a replayable environment), three `SeedGRPOTrainer`s start from
 the task's warm model and train in one process, their steps interleaved in shuffled rounds (`step_time.Conductor`):
@@ -602,7 +603,11 @@ def main(argv=None) -> int:
     for key in FULL:
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"default: {FULL[key]} ({QUICK[key]} quick)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the box is shared)")
+    parser.add_argument("--report", type=Path, help="print the tables of a saved agent_seeding.json; run nothing")
     args = parser.parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(args.report.read_text())), end="")
+        return 0
     settings = dict(QUICK if args.quick else FULL)
     settings.update({key: getattr(args, key) for key in FULL if getattr(args, key) is not None})
     settings["threads"] = args.threads

@@ -90,6 +90,10 @@ def test_agent_seeding_benchmark_reports_seeded_groups_that_never_regenerate_the
         assert (cost["replay_calls"]["median"] > 0) == (task == "register")  # the calculator replays nothing
         assert f"## {task}" in table
     assert table.count("No regeneration: holds") == 2, table
+    again = subprocess.run(
+        [sys.executable, command[1], "--report", str(out / "agent_seeding.json")], capture_output=True, text=True
+    )
+    assert again.stdout == table  # the tables are recomputed from the saved JSON alone
 
 
 def _batch(**changes):
