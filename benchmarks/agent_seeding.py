@@ -513,6 +513,11 @@ def _q(summary: dict, digits: int = 3) -> str:
     return f"{summary['median']:.{digits}g} [{summary['q25']:.{digits}g}, {summary['q75']:.{digits}g}]"
 
 
+def _ms(summary: dict | None) -> dict | None:
+    """A summary in seconds, in milliseconds (None: not measured, as in reports written before it was)."""
+    return None if summary is None else {k: x * 1e3 if k != "n" else x for k, x in summary.items()}
+
+
 def _num(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}g}"
 
@@ -568,7 +573,7 @@ def markdown(report: dict) -> str:
                 f"| {name} | {_q(v['step_wall_s'])} | {v['step_wall_s']['min']:.3g}–{v['step_wall_s']['max']:.3g} "
                 f"| {_q(v['step_cpu_s'])} | {_q(v['rollout_s'])} | {_q(v['generate_s'])} | {_q(v['decode_steps'])} "
                 f"| {_q(v.get('wall_ratio'))} | {_q(v.get('cpu_ratio'))} | {_q(v.get('rollout_ratio'))} "
-                f"| {_q(v.get('generate_ratio'))} | {_q({k: x * 1e3 if k != 'n' else x for k, x in v['instrumentation_s'].items()})} |"
+                f"| {_q(v.get('generate_ratio'))} | {_q(_ms(v.get('instrumentation_s')))} |"
             )
         lines += [
             "",
