@@ -79,3 +79,7 @@ def test_tool_call_markup_is_found_from_the_chat_template():
 
     tokenizer = build_agent_tokenizer()
     assert tokenizer.decode(tool_call_markup_ids(tokenizer)) == "<tool_call>"
+    # The embedded agent tasks' template: the call follows the turn's header on its line ("A: [add a=1 b=2]").
+    from ts_trl.embedded.agent import build_agent_tokenizer as embedded_agent_tokenizer
+
+    assert embedded_agent_tokenizer().decode(tool_call_markup_ids(embedded_agent_tokenizer())) == "["

@@ -22,7 +22,8 @@ def tool_call_markup_ids(tokenizer) -> list[int] | None:
     """The ids that open a tool call in the chat template's assistant turn (e.g. `<tool_call>`), or None.
 
     Found by rendering an assistant turn with and without a call: the first line of what the call adds, up to the
-    tool's name. A cut inside a model turn stays before it (`turns.admissible_cuts`).
+    tool's name (`<tool_call>` for Qwen2.5, `[` for the embedded agent tasks' `A: text [add a=1 b=2]`). A cut inside a
+    model turn stays before it (`turns.admissible_cuts`).
     """
     user = {"role": "user", "content": "x"}
     call = {"type": "function", "function": {"name": MARKUP_SENTINEL, "arguments": {}}}
@@ -36,7 +37,10 @@ def tool_call_markup_ids(tokenizer) -> list[int] | None:
     common = 0
     while common < min(len(plain), len(called)) and plain[common] == called[common]:
         common += 1
-    common = called.rfind("\n", 0, common) + 1  # from the line's start: both may go on with the same "<"
+    if 0 < common < len(called) and not (called[common].isspace() or called[common - 1].isspace()):
+        # The renderings part inside a word (both go on with the same "<" before "|im_end|>" and "tool_call>"): the
+        # markup starts where that word does. Not at the line's start, which may hold the turn's header ("A:").
+        common = max(called.rfind(space, 0, common) for space in (" ", "\n", "\t")) + 1
     added = called[common : called.find(MARKUP_SENTINEL)].strip()
     marker = added.split("\n")[0].strip() if added else ""
     if not marker:
