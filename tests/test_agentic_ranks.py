@@ -36,7 +36,7 @@ def launch(output_dir: Path, *options: str) -> list[dict]:
     command += [str(ROOT / "tests" / "agent_launch.py"), "--output_dir", str(output_dir), *options]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("ACCELERATE_USE_CPU", None)
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads((output_dir / f"rank-{rank}.json").read_text()) for rank in range(2)]
 
@@ -91,6 +91,7 @@ def test_two_ranks_seed_multi_turn_runs(tmp_path, monkeypatch, kind, prefix_mode
             k = len(row["prefix"])
             sent = [p for p in asked if list(p[-k:]) == row["prefix"]]
             assert sent and any(MAX_COMPLETION - k in asked[p] for p in sent), row["row"]
+        check_tool_turns(server, tmp_path / "run")
     if "--resume" in options:
         for report in reports:
             rebuilt = report["resumed"]
@@ -114,3 +115,22 @@ def check_replays(reports: list[dict], history: list[dict]) -> None:
     replayed = [row for report in reports for row in report["seeded"] if row["replayed_calls"]]
     assert replayed, "no seed was replayed"
     assert all(rank_of(row["origin_id"]) == row["row"] // RANK_ROWS for row in replayed)
+
+
+def check_tool_turns(server, output_dir: Path) -> None:
+    """Every rank got the server's answers to its own tool-loop turns, though the ranks took different numbers of
+    turns: the ranks whose loop was over sent one-token fillers (`SeedGRPOTrainer._even_tool_turn`)."""
+    from tests.conftest import seed_rows
+
+    fillers = [c for c in server.completions if c["max_tokens"] == 1]
+    assert fillers and all(len(p) == 1 for c in fillers for p in c["prompt"])
+    checked = 0
+    for row in seed_rows(output_dir):
+        ids, mask = row["completion_ids"], row["tool_mask"]
+        for j in range(max(row["prefix_len"], 1), len(ids)):
+            if mask[j] and not mask[j - 1]:  # a model turn after a tool result: asked by the tool loop
+                end = next((e for e in range(j, len(ids)) if not mask[e]), len(ids))
+                sent = [p for p in server.answers if list(p[-j:]) == ids[:j]]
+                assert sent and any(ids[j:end] in server.answers[p] for p in sent), row["rollout_id"]
+                checked += 1
+    assert checked

@@ -90,6 +90,7 @@ class SeedGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "thinking-seeds"]
+    _in_tool_loop = False  # set while TRL's tool loop runs (`_tool_call_loop`)
     _name = "Thinking Seeds"
     _paper = {
         "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
@@ -252,6 +253,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self._prompt_length_of(inputs, keys)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._in_tool_loop and self._uneven_tool_turns:
+            return self._even_tool_turn(prompt_ids, images, multimodal_fields, has_tool_images)
         batch = self._seed_batch
         generate = super()._generate_single_turn
         if batch is not None and batch.generation.first_turn_done:  # a tool-loop call: rows continue their own turns
@@ -378,13 +381,45 @@ class SeedGRPOTrainer(GRPOTrainer):
             completions[i] = [
                 parse_response(self._tokenizer, completion_ids[i][start:], prefix=context, tools=self._tools_of(i))
             ]
-        result = super()._tool_call_loop(
-            prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
-        )
+        with replaced(self, "_in_tool_loop", True):
+            result = super()._tool_call_loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+            )
+            if self._uneven_tool_turns:  # this rank's loop is over: serve the turns other ranks still take
+                while self._even_tool_turn([], None, {}, False) is not None:
+                    pass
         completions = result[1]
         for i, prefix in turns.items():
             completions[i] = [*prefix.messages, *completions[i]]
         return result
+
+    @property
+    def _uneven_tool_turns(self) -> bool:
+        """Whether the tool loop's turns must be evened out across ranks: TRL 1.16's vLLM server mode sends the turns
+        of every rank in one collective call and hands each rank the answers at `rank * len(its prompts)`, so every
+        rank must call it as often, with as many rows (huggingface/trl#6673). Seeded rows cut after their calls, or
+        rows that simply stop calling tools, leave a rank with fewer turns than another."""
+        return self.use_vllm and self.vllm_mode == "server" and self.accelerator.num_processes > 1
+
+    def _even_tool_turn(self, prompt_ids, images, multimodal_fields, has_tool_images):
+        """One tool-loop turn taken by every rank together (vLLM server mode, several processes): each rank's rows
+        padded to the most any rank has with one-token filler requests; a rank whose loop is over sends fillers
+        only. Returns this rank's completions and log-probs, or None once no rank has a row left."""
+        counts = gather_object([len(prompt_ids)])
+        most = max(counts)
+        if most == 0:
+            return None
+        fills = most - len(prompt_ids)
+        padded = [*prompt_ids, *[[self.eos_token_ids[0]]] * fills]
+        if images is not None:
+            images = [*images, *[None] * fills]
+        # A filler's request leaves it one token: as a prefix of max_completion_length - 1 tokens would.
+        fillers = np.concatenate([[0] * n + [self.max_completion_length - 1] * (most - n) for n in counts])
+        local = fillers[self.accelerator.process_index * most :][:most]
+        with self.backend.patched(fillers, local, self.max_completion_length, samples=1):
+            ids, logprobs = super()._generate_single_turn(padded, images, multimodal_fields, 1, has_tool_images)
+        n = len(prompt_ids)
+        return ids[:n], logprobs[:n] if logprobs is not None else None
 
     def _tools_of(self, row: int) -> list:
         """The tools local row `row`'s prompt was rendered with (its environment's, with environments)."""
