@@ -373,3 +373,31 @@ def test_generated_token_counts_leave_out_prefixes_and_tool_results(tools_run):
         assert logged["seeds/generated_tokens"] == expected
         lengths = [sum(mask[c.k if c is not None else 0 :]) for mask, c in zip(batch["tool_masks"], cuts)]
         assert logged["completions/mean_length"] == pytest.approx(sum(lengths) / len(lengths))
+
+
+def test_continuous_batching_seeds_tool_runs(tmp_path):
+    """`use_transformers_continuous_batching`, which TRL runs the tool loop with as with `generate`: a seeded row's
+    prefix, tool results included, reaches `generate_batch` as prompt ids (nothing forced), and it stays in budget.
+    The engine is a stand-in (`agent_fixtures.scripted_generate_batch`); tests/test_trl_settings.py runs the real one."""
+    tokenizer = af.build_agent_tokenizer()
+    model = af.scripted_agent(tokenizer, calls=1)
+    requests = af.scripted_generate_batch(model, tokenizer)
+    trainer = SeedGRPOTrainer(
+        model,
+        af.last_digits_even,
+        args=agent_config(tmp_path, use_transformers_continuous_batching=True),
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        tools=[af.add],
+    )
+    batches = recorded_run(trainer)
+    rows = list(seeded_rows(batches))
+    assert rows and any(0 in seed.tool_mask[: cut.k] for _, _, seed, cut in rows)
+    for batch, i, seed, cut in rows:
+        origin = [int(t) for t in seed.completion_ids[: cut.k]]
+        assert batch["ids"][i][: cut.k] == origin
+        assert not any(batch["loss_mask"][i][: cut.k]) and any(batch["loss_mask"][i][cut.k :])
+        assert len(batch["ids"][i]) <= MAX_COMPLETION
+        sent = [r for r in requests if r["prompt_ids"][-cut.k :] == origin]
+        # (the origin's own tool-loop request may end the same way, asked with the whole budget, at an earlier step)
+        assert sent and any(r["max_new_tokens"] < MAX_COMPLETION for r in sent)  # a seeded batch's budget
