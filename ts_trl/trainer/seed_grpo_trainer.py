@@ -15,7 +15,8 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   and corrects TRL's length metrics to count generated tokens only.
 - `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
   generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
-  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion.
+  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion. In vLLM
+  server mode on several processes every rank takes part in every tool-loop turn (`_even_tool_turn`).
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
