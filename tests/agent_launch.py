@@ -12,6 +12,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from tests import agent_fixtures as af  # noqa: E402
 from tests.test_agentic import agent_config, recorded_run  # noqa: E402
 from ts_trl import SeedGRPOTrainer  # noqa: E402
+from ts_trl.cli.environment import skip_deepspeed_shm_build  # noqa: E402
 
 RANK_ROWS = 4  # per_device_train_batch_size: one prompt group per rank
 
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--endpoint")
     parser.add_argument("--resume", action="store_true", help="rebuild the bank from checkpoint-2 and compare")
     cli = parser.parse_args()
+    skip_deepspeed_shm_build()  # ZeRO-3 on CPU: as `ts_trl train` does, no minutes of compiling an op never used
     tokenizer = af.build_agent_tokenizer()
     trainer = make_trainer(cli, tokenizer, cli.output_dir)
     rank = trainer.accelerator.process_index
@@ -75,6 +77,15 @@ def main() -> None:
         plans.append({"before": before, "after": batch.plan.global_seeded.tolist()})
 
     trainer._restore_states = watched
+    served = []  # tool-loop turns this rank took part in with no row of its own
+    even_turn = trainer._even_tool_turn
+
+    def counted(prompt_ids, *args):
+        answer = even_turn(prompt_ids, *args)
+        served.extend([1] if answer is not None and not prompt_ids else [])
+        return answer
+
+    trainer._even_tool_turn = counted
     batches = recorded_run(trainer)
     seeded = []
     for step, batch in enumerate(batches):
@@ -98,6 +109,7 @@ def main() -> None:
                 }
             )
     report = {"rank": rank, "seeded": seeded, "plans": plans, "history": trainer.state.log_history}
+    report["served_turns"] = len(served)
     if cli.resume:  # the bank a resume from checkpoint-2 rebuilds, against the one this run held
         original = trainer.seed_bank
         before = {original.get(i).rollout_id: original.get(i) for i in range(len(original))}

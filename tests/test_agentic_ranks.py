@@ -1,7 +1,7 @@
 """Multi-turn Thinking Seeds on two processes (`accelerate launch`, gloo on CPU) through `trainer.train()`.
 
-Tools and environments, both prefix modes, HF `generate` and the faked vLLM backends, chosen so that every pair of
-(agent kind, prefix mode, backend) runs once. The environment answers from a total that starts at the rank
+Tools and environments, both prefix modes, HF `generate` (DDP, and ZeRO-3 on CPU) and the faked vLLM backends, chosen
+so that every pair of (agent kind, prefix mode, backend) runs once. The environment answers from a total that starts at the rank
 (`agent_launch.RankDrifting`): a seed replays on the rank it was recorded on and mismatches on the other one.
 """
 
@@ -12,16 +12,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import agent_fixtures as af
 from tests.agent_launch import RANK_ROWS
 from tests.test_agentic import MAX_COMPLETION
+from tests.test_cli import ZERO3_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CASES = [
     pytest.param("tools", "state", "hf", id="tools-state-hf"),
-    pytest.param("environment", "action", "hf", id="environment-action-hf"),
+    # ZeRO-3: every generation call gathers the parameters, so every rank takes part in every tool-loop turn
+    pytest.param("environment", "action", "hf-zero3", id="environment-action-hf-zero3"),
     pytest.param("tools", "action", "colocate", id="tools-action-colocate"),
     pytest.param("environment", "state", "colocate", id="environment-state-colocate"),
     pytest.param("tools", "state", "server", id="tools-state-server"),
@@ -29,13 +32,18 @@ CASES = [
 ]
 
 
-def launch(output_dir: Path, *options: str) -> list[dict]:
-    """Runs tests/agent_launch.py on two processes; returns each rank's report."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    command += [str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no"]
-    command += [str(ROOT / "tests" / "agent_launch.py"), "--output_dir", str(output_dir), *options]
+def launch(output_dir: Path, *options: str, zero3: bool = False) -> list[dict]:
+    """Runs tests/agent_launch.py on two processes (DDP, or DeepSpeed ZeRO-3 on CPU); returns each rank's report."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("ACCELERATE_USE_CPU", None)
+    config = ROOT / "accelerate_configs" / "multi_gpu.yaml"
+    if zero3:
+        config = output_dir.parent / "zero3_cpu.yaml"
+        config.write_text(yaml.safe_dump({**ZERO3_CPU, "num_processes": 2}))
+        env.update(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(output_dir.parent / "torch_extensions"))
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    command += ["--num_processes", "2", "--mixed_precision", "no"]
+    command += [str(ROOT / "tests" / "agent_launch.py"), "--output_dir", str(output_dir), *options]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads((output_dir / f"rank-{rank}.json").read_text()) for rank in range(2)]
@@ -47,7 +55,8 @@ def rank_of(rollout_id: str) -> int:
 
 @pytest.mark.parametrize(("kind", "prefix_mode", "backend"), CASES)
 def test_two_ranks_seed_multi_turn_runs(tmp_path, monkeypatch, kind, prefix_mode, backend):
-    options = ["--kind", kind, "--prefix_mode", prefix_mode, "--backend", backend]
+    zero3 = backend == "hf-zero3"
+    options = ["--kind", kind, "--prefix_mode", prefix_mode, "--backend", backend.removesuffix("-zero3")]
     if kind == "tools" and backend == "hf":
         options.append("--resume")
     server = None
@@ -59,7 +68,7 @@ def test_two_ranks_seed_multi_turn_runs(tmp_path, monkeypatch, kind, prefix_mode
         server = stand_in.LocalVLLMServer(range(len(tokenizer)), tokenizer.eos_token_id, 4096).start()
         options += ["--endpoint", server.endpoint]
     try:
-        reports = launch(tmp_path / "run", *options)
+        reports = launch(tmp_path / "run", *options, zero3=zero3)
     finally:
         if server is not None:
             server.stop()
@@ -81,6 +90,8 @@ def test_two_ranks_seed_multi_turn_runs(tmp_path, monkeypatch, kind, prefix_mode
         assert all(report["seeded"] for report in reports), "a rank seeded no group"
     else:
         check_replays(reports, history)
+    if zero3:  # a rank whose tool loop was over took part in the other rank's turns
+        assert sum(report["served_turns"] for report in reports) > 0
     if server is not None:  # the main process asked, for each rank's seeded rows, the budget their prefix leaves
         assert server.refused == []
         asked = {}

@@ -16,7 +16,7 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
   generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
   makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion. In vLLM
-  server mode on several processes every rank takes part in every tool-loop turn (`_even_tool_turn`).
+  server mode, ZeRO-3 or FSDP on several processes every rank takes part in every tool-loop turn (`_even_tool_turn`).
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
@@ -396,30 +396,37 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     @property
     def _uneven_tool_turns(self) -> bool:
-        """Whether the tool loop's turns must be evened out across ranks: TRL 1.16's vLLM server mode sends the turns
-        of every rank in one collective call and hands each rank the answers at `rank * len(its prompts)`, so every
-        rank must call it as often, with as many rows (huggingface/trl#6673). Seeded rows cut after their calls, or
-        rows that simply stop calling tools, leave a rank with fewer turns than another."""
-        return self.use_vllm and self.vllm_mode == "server" and self.accelerator.num_processes > 1
+        """Whether every rank must take part in every tool-loop turn. TRL 1.16 generates each turn with a collective
+        call in vLLM server mode (one request for all ranks, whose answers it hands each rank at `rank * len(its
+        prompts)`, huggingface/trl#6673) and with HF `generate` under ZeRO-3 or FSDP (the parameters are gathered);
+        its loop assumes every rank takes as many turns with as many rows. Seeded rows cut after their calls, or rows
+        that simply stop calling tools, leave a rank with fewer turns than another."""
+        if self.accelerator.num_processes == 1:
+            return False
+        if self.use_vllm:
+            return self.vllm_mode == "server"
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
 
     def _even_tool_turn(self, prompt_ids, images, multimodal_fields, has_tool_images):
-        """One tool-loop turn taken by every rank together (vLLM server mode, several processes): each rank's rows
-        padded to the most any rank has with one-token filler requests; a rank whose loop is over sends fillers
-        only. Returns this rank's completions and log-probs, or None once no rank has a row left."""
+        """One tool-loop turn taken by every rank together (`_uneven_tool_turns`): each rank's rows padded to the
+        most any rank has with filler rows that generate one token (an EOS prompt, asked for one token or forced to
+        end at once); a rank whose loop is over sends fillers only. Returns this rank's completions and log-probs,
+        or None once no rank has a row left."""
         counts = gather_object([len(prompt_ids)])
         most = max(counts)
         if most == 0:
             return None
-        fills = most - len(prompt_ids)
-        padded = [*prompt_ids, *[[self.eos_token_ids[0]]] * fills]
+        n, fills, eos = len(prompt_ids), most - len(prompt_ids), self.eos_token_ids[0]
+        padded = [*prompt_ids, *[[eos]] * fills]
         if images is not None:
             images = [*images, *[None] * fills]
-        # A filler's request leaves it one token: as a prefix of max_completion_length - 1 tokens would.
-        fillers = np.concatenate([[0] * n + [self.max_completion_length - 1] * (most - n) for n in counts])
+        # vLLM: a filler's request leaves it one token, as a prefix of max_completion_length - 1 tokens would.
+        fillers = np.concatenate([[0] * c + [self.max_completion_length - 1] * (most - c) for c in counts])
         local = fillers[self.accelerator.process_index * most :][:most]
-        with self.backend.patched(fillers, local, self.max_completion_length, samples=1):
+        forced = () if self.use_vllm else [[]] * n + [[eos]] * fills  # HF generate: the filler ends at once
+        with self.backend.patched(fillers, local, self.max_completion_length, forced, samples=1):
             ids, logprobs = super()._generate_single_turn(padded, images, multimodal_fields, 1, has_tool_images)
-        n = len(prompt_ids)
         return ids[:n], logprobs[:n] if logprobs is not None else None
 
     def _tools_of(self, row: int) -> list:
