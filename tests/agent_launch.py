@@ -30,7 +30,7 @@ def _setattr(owner, name, value, raising=True):
 
 def make_trainer(cli, tokenizer, output_dir):
     backend: dict = {}
-    if cli.backend == "colocate":
+    if cli.backend.startswith("colocate"):
         import trl.generation.vllm_generation as generation
 
         from tests.vllm_server import pretend_vllm_is_installed
@@ -38,6 +38,8 @@ def make_trainer(cli, tokenizer, output_dir):
         pretend_vllm_is_installed(_setattr)
         generation.LLM = af.scripted_fake_llm(tokenizer)
         backend = dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=4096)
+        if cli.backend == "colocate-tp2":  # one engine over both ranks: each turn gathers their prompts
+            backend["vllm_tensor_parallel_size"] = 2
     elif cli.backend == "server":
         from tests.vllm_server import pretend_vllm_is_installed
 
@@ -59,7 +61,7 @@ def main() -> None:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--kind", choices=["tools", "environment"], default="environment")
     parser.add_argument("--prefix_mode", choices=["state", "action"], default="state")
-    parser.add_argument("--backend", choices=["hf", "colocate", "server"], default="hf")
+    parser.add_argument("--backend", choices=["hf", "colocate", "colocate-tp2", "server"], default="hf")
     parser.add_argument("--endpoint")
     parser.add_argument("--resume", action="store_true", help="rebuild the bank from checkpoint-2 and compare")
     cli = parser.parse_args()

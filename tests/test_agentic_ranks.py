@@ -1,7 +1,8 @@
 """Multi-turn Thinking Seeds on two processes (`accelerate launch`, gloo on CPU) through `trainer.train()`.
 
-Tools and environments, both prefix modes, HF `generate` (DDP, and ZeRO-3 on CPU) and the faked vLLM backends, chosen
-so that every pair of (agent kind, prefix mode, backend) runs once. The environment answers from a total that starts at the rank
+Tools and environments, both prefix modes, HF `generate` (DDP, and ZeRO-3 on CPU) and the faked vLLM backends
+(colocate, also tensor-parallel over both ranks, and server), chosen so that every pair of (agent kind, prefix mode,
+backend) runs once. The environment answers from a total that starts at the rank
 (`agent_launch.RankDrifting`): a seed replays on the rank it was recorded on and mismatches on the other one.
 """
 
@@ -26,7 +27,8 @@ CASES = [
     # ZeRO-3: every generation call gathers the parameters, so every rank takes part in every tool-loop turn
     pytest.param("environment", "action", "hf-zero3", id="environment-action-hf-zero3"),
     pytest.param("tools", "action", "colocate", id="tools-action-colocate"),
-    pytest.param("environment", "state", "colocate", id="environment-state-colocate"),
+    # one tensor-parallel engine over both ranks: each turn gathers their prompts
+    pytest.param("environment", "state", "colocate-tp2", id="environment-state-colocate-tp2"),
     pytest.param("tools", "state", "server", id="tools-state-server"),
     pytest.param("environment", "action", "server", id="environment-action-server"),
 ]
@@ -90,8 +92,8 @@ def test_two_ranks_seed_multi_turn_runs(tmp_path, monkeypatch, kind, prefix_mode
         assert all(report["seeded"] for report in reports), "a rank seeded no group"
     else:
         check_replays(reports, history)
-    if zero3:  # a rank whose tool loop was over took part in the other rank's turns
-        assert sum(report["served_turns"] for report in reports) > 0
+    if backend in ("hf-zero3", "colocate-tp2", "server"):  # each turn is a collective call: a rank whose tool loop
+        assert sum(report["served_turns"] for report in reports) > 0  # was over took part in the other's turns
     if server is not None:  # the main process asked, for each rank's seeded rows, the budget their prefix leaves
         assert server.refused == []
         asked = {}

@@ -15,8 +15,9 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   and corrects TRL's length metrics to count generated tokens only.
 - `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
   generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
-  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion. In vLLM
-  server mode, ZeRO-3 or FSDP on several processes every rank takes part in every tool-loop turn (`_even_tool_turn`).
+  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion. Where a
+  turn is a collective call (vLLM server, tensor-parallel colocate, ZeRO-3, FSDP) every rank takes part in every
+  tool-loop turn (`_even_tool_turn`).
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
@@ -398,13 +399,14 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _uneven_tool_turns(self) -> bool:
         """Whether every rank must take part in every tool-loop turn. TRL 1.16 generates each turn with a collective
         call in vLLM server mode (one request for all ranks, whose answers it hands each rank at `rank * len(its
-        prompts)`, huggingface/trl#6673) and with HF `generate` under ZeRO-3 or FSDP (the parameters are gathered);
+        prompts)`, huggingface/trl#6673), in tensor-parallel colocate mode (likewise within the group) and with HF
+        `generate` under ZeRO-3 or FSDP (the parameters are gathered);
         its loop assumes every rank takes as many turns with as many rows. Seeded rows cut after their calls, or rows
         that simply stop calling tools, leave a rank with fewer turns than another."""
         if self.accelerator.num_processes == 1:
             return False
-        if self.use_vllm:
-            return self.vllm_mode == "server"
+        if self.use_vllm:  # a tensor-parallel colocated engine gathers its group's prompts, sliced as the server's
+            return self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
 
