@@ -211,3 +211,29 @@ def scripted_sampler(tokenizer, calls: int = 1):
         return tokens
 
     return sample
+
+
+def scripted_generate_batch(model, tokenizer):
+    """Gives the scripted agent a stand-in for transformers' `generate_batch` (continuous batching), whose engine
+    applies no custom logits processor: the prompts are decoded together by the scripted `generate` (left-padded),
+    within the generation config's `max_new_tokens`, each up to its first EOS. Returns the list every request
+    (prompt ids, max_new_tokens) goes to."""
+    from types import SimpleNamespace
+
+    requests = []
+
+    def generate_batch(inputs, generation_config=None, continuous_batching_config=None, **kwargs):
+        rows = [[int(t) for t in ids] for ids in inputs]
+        requests.extend({"prompt_ids": ids, "max_new_tokens": generation_config.max_new_tokens} for ids in rows)
+        width = max(map(len, rows))
+        padded = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in rows])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows])
+        out = model.generate(input_ids=padded, attention_mask=mask, generation_config=generation_config)
+        outputs = {}
+        for index, tokens in enumerate(out[:, width:].tolist()):
+            end = next((j + 1 for j, t in enumerate(tokens) if t == tokenizer.eos_token_id), len(tokens))
+            outputs[f"req_{index}"] = SimpleNamespace(generated_tokens=tokens[:end])
+        return outputs
+
+    model.generate_batch = generate_batch
+    return requests

@@ -157,19 +157,27 @@ class SeededBackend:
         return self._unwrapped[1]
 
     @contextlib.contextmanager
-    def patched(self, global_prefix_lens: np.ndarray | None, prefix_lens: Sequence[int], budget: int, forced=()):
+    def patched(
+        self,
+        global_prefix_lens: np.ndarray | None,
+        prefix_lens: Sequence[int],
+        budget: int,
+        forced=(),
+        samples: int | None = None,
+    ):
         """Patches the backend for one call of `_generate_single_turn`, and restores it afterwards.
 
         `global_prefix_lens`: the prefix each global row's prompt ends with (None or all 0: nothing seeded);
         `prefix_lens`: the same for the rows this rank sends; `budget`: the most new tokens any row needs (the same on
-        every rank, so that ZeRO-3 ranks decode in lockstep); `forced`: per row sent, prefix tokens to emit first.
+        every rank, so that ZeRO-3 ranks decode in lockstep); `forced`: per row sent, prefix tokens to emit first;
+        `samples`: the completions per prompt of the call (`num_generations` unless given; 1 in the tool loop).
         """
         with contextlib.ExitStack() as stack:
-            for owner, name, value in self._patches(global_prefix_lens, prefix_lens, budget, forced):
+            for owner, name, value in self._patches(global_prefix_lens, prefix_lens, budget, forced, samples):
                 stack.enter_context(replaced(owner, name, value))
             yield
 
-    def _patches(self, global_prefix_lens, prefix_lens, budget, forced) -> list[tuple]:
+    def _patches(self, global_prefix_lens, prefix_lens, budget, forced, samples=None) -> list[tuple]:
         t = self.trainer
         patches = []
         if not t.use_vllm and budget < t.max_completion_length:
@@ -182,10 +190,10 @@ class SeededBackend:
             processors = LogitsProcessorList([ForcedPrefix(forced)])
             patches.append((model, "generate", functools.partial(model.generate, logits_processor=processors)))
         if t.use_vllm and global_prefix_lens is not None and global_prefix_lens.any():
-            patches += self._vllm_patches(global_prefix_lens, list(prefix_lens))
+            patches += self._vllm_patches(global_prefix_lens, list(prefix_lens), samples or t.num_generations)
         return patches
 
-    def _vllm_patches(self, global_prefix_lens: np.ndarray, prefix_lens: list[int]) -> list[tuple]:
+    def _vllm_patches(self, global_prefix_lens: np.ndarray, prefix_lens: list[int], samples: int) -> list[tuple]:
         """Asks vLLM, per prompt, for exactly the budget its prefix leaves, within the engine's `max_model_len`."""
         t = self.trainer
         backend, budget = t.vllm_generation, t.max_completion_length
@@ -203,7 +211,7 @@ class SeededBackend:
             return []
         if self._server_max_model_len is None:
             self._server_max_model_len = int(backend.vllm_client.get_server_info()["model_config"]["max_model_len"])
-        group_prefix_lens = global_prefix_lens[:: t.num_generations].tolist()
+        group_prefix_lens = global_prefix_lens[::samples].tolist()
         client = backend.vllm_client
         wrapped = requests_per_budget(client.generate, group_prefix_lens, budget, self._server_max_model_len)
         return [(client, "generate", wrapped)]

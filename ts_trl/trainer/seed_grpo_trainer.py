@@ -15,7 +15,9 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   and corrects TRL's length metrics to count generated tokens only.
 - `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
   generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
-  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion.
+  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion. Where a
+  turn is a collective call (vLLM server, tensor-parallel colocate, ZeRO-3, FSDP) every rank takes part in every
+  tool-loop turn (`_even_tool_turn`).
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
@@ -90,6 +92,7 @@ class SeedGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "thinking-seeds"]
+    _in_tool_loop = False  # set while TRL's tool loop runs (`_tool_call_loop`)
     _name = "Thinking Seeds"
     _paper = {
         "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
@@ -252,6 +255,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self._prompt_length_of(inputs, keys)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._in_tool_loop and self._uneven_tool_turns:
+            return self._even_tool_turn(prompt_ids, images, multimodal_fields, has_tool_images)
         batch = self._seed_batch
         generate = super()._generate_single_turn
         if batch is not None and batch.generation.first_turn_done:  # a tool-loop call: rows continue their own turns
@@ -378,13 +383,53 @@ class SeedGRPOTrainer(GRPOTrainer):
             completions[i] = [
                 parse_response(self._tokenizer, completion_ids[i][start:], prefix=context, tools=self._tools_of(i))
             ]
-        result = super()._tool_call_loop(
-            prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
-        )
+        with replaced(self, "_in_tool_loop", True):
+            result = super()._tool_call_loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+            )
+            if self._uneven_tool_turns:  # this rank's loop is over: serve the turns other ranks still take
+                while self._even_tool_turn([], None, {}, False) is not None:
+                    pass
         completions = result[1]
         for i, prefix in turns.items():
             completions[i] = [*prefix.messages, *completions[i]]
         return result
+
+    @property
+    def _uneven_tool_turns(self) -> bool:
+        """Whether every rank must take part in every tool-loop turn. TRL 1.16 generates each turn with a collective
+        call in vLLM server mode (one request for all ranks, whose answers it hands each rank at `rank * len(its
+        prompts)`, huggingface/trl#6673), in tensor-parallel colocate mode (likewise within the group) and with HF
+        `generate` under ZeRO-3 or FSDP (the parameters are gathered);
+        its loop assumes every rank takes as many turns with as many rows. Seeded rows cut after their calls, or rows
+        that simply stop calling tools, leave a rank with fewer turns than another."""
+        if self.accelerator.num_processes == 1:
+            return False
+        if self.use_vllm:  # a tensor-parallel colocated engine gathers its group's prompts, sliced as the server's
+            return self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+    def _even_tool_turn(self, prompt_ids, images, multimodal_fields, has_tool_images):
+        """One tool-loop turn taken by every rank together (`_uneven_tool_turns`): each rank's rows padded to the
+        most any rank has with filler rows that generate one token (an EOS prompt, asked for one token or forced to
+        end at once); a rank whose loop is over sends fillers only. Returns this rank's completions and log-probs,
+        or None once no rank has a row left."""
+        counts = gather_object([len(prompt_ids)])
+        most = max(counts)
+        if most == 0:
+            return None
+        n, fills, eos = len(prompt_ids), most - len(prompt_ids), self.eos_token_ids[0]
+        padded = [*prompt_ids, *[[eos]] * fills]
+        if images is not None:
+            images = [*images, *[None] * fills]
+        # vLLM: a filler's request leaves it one token, as a prefix of max_completion_length - 1 tokens would.
+        fillers = np.concatenate([[0] * c + [self.max_completion_length - 1] * (most - c) for c in counts])
+        local = fillers[self.accelerator.process_index * most :][:most]
+        forced = () if self.use_vllm else [[]] * n + [[eos]] * fills  # HF generate: the filler ends at once
+        with self.backend.patched(fillers, local, self.max_completion_length, forced, samples=1):
+            ids, logprobs = super()._generate_single_turn(padded, images, multimodal_fields, 1, has_tool_images)
+        return ids[:n], logprobs[:n] if logprobs is not None else None
 
     def _tools_of(self, row: int) -> list:
         """The tools local row `row`'s prompt was rendered with (its environment's, with environments)."""
