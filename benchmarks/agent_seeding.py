@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +50,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch  # noqa: E402
-from step_time import Conductor, _summary, _Turns  # noqa: E402
+from step_time import Conductor, _summary, _Turns, train_interleaved  # noqa: E402
 from transformers import PrinterCallback, ProgressCallback  # noqa: E402
 
 from ts_trl.embedded import agent  # noqa: E402
@@ -376,7 +375,7 @@ def _run_task(task_name: str, settings: dict, output_dir: str) -> dict:
     task = make_task(task_name)
     warm_model, tokenizer = build_task_model(task_name, task, warmup_steps=settings["warmup_steps"], progress=False)
     conductor = Conductor(VARIANTS, seed=0)
-    trainers, turns, recorders, errors = {}, {}, {}, {}
+    trainers, turns, recorders = {}, {}, {}
     for name, fraction in VARIANTS.items():
         trainers[name] = _build(task_name, fraction, settings, output_dir, warm_model, tokenizer, task)
         turns[name] = _Turns(name, conductor)
@@ -384,25 +383,8 @@ def _run_task(task_name: str, settings: dict, output_dir: str) -> dict:
         turns[name].rng.save()
         recorders[name] = Recorder(trainers[name])
 
-    def work(name):
-        try:
-            turns[name].begin_turn()
-            trainers[name].train()
-        except BaseException as error:  # noqa: B036 - reported, and the other trainers must not wait forever
-            errors[name] = "".join(traceback.format_exception(error))
-        finally:
-            conductor.leave(name)
-
-    threads = [threading.Thread(target=work, args=(name,), name=f"bench-{name}") for name in VARIANTS]
-    for thread in threads:
-        thread.start()
-    started = time.perf_counter()
-    conductor.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise RuntimeError(f"A benchmarked trainer failed on {task_name}:\n" + "\n".join(errors.values()))
-    return _summarise(task_name, settings, turns, recorders, time.perf_counter() - started)
+    seconds = train_interleaved(conductor, trainers, turns, f" on {task_name}")
+    return _summarise(task_name, settings, turns, recorders, seconds)
 
 
 def _row_tokens(row: dict) -> dict:

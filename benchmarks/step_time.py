@@ -192,6 +192,32 @@ def _summary(values) -> dict:
     return {"median": float(q[1]), "q25": float(q[0]), "q75": float(q[2]), "n": len(values)}
 
 
+def train_interleaved(conductor: Conductor, trainers: dict, turns: dict, label: str) -> float:
+    """Trains every trainer on its own thread, their steps taken in the conductor's rounds; returns the wall seconds.
+    A trainer that fails is reported with the others' tracebacks once all have ended (none waits on it forever)."""
+    errors = {}
+
+    def work(name):
+        try:
+            turns[name].begin_turn()
+            trainers[name].train()
+        except BaseException as error:  # noqa: B036 - reported, and the other trainers must not wait forever
+            errors[name] = "".join(traceback.format_exception(error))
+        finally:
+            conductor.leave(name)
+
+    threads = [threading.Thread(target=work, args=(name,), name=f"bench-{name}") for name in trainers]
+    for thread in threads:
+        thread.start()
+    started = time.perf_counter()
+    conductor.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"A benchmarked trainer failed{label}:\n" + "\n".join(errors.values()))
+    return time.perf_counter() - started
+
+
 def run(quick: bool, output_dir: str) -> dict:
     settings = dict(
         batch_size=16,  # four prompt groups per step: seeded and plain groups mix at seed_fraction=0.5
@@ -203,7 +229,7 @@ def run(quick: bool, output_dir: str) -> dict:
     )
     variants = _variants(quick)
     conductor = Conductor(variants, seed=0)
-    trainers, turns, spies, errors = {}, {}, {}, {}
+    trainers, turns, spies = {}, {}, {}
     for name, spec in variants.items():
         trainers[name] = _build(name, spec, settings, output_dir)
         turns[name] = _Turns(name, conductor)
@@ -211,24 +237,7 @@ def run(quick: bool, output_dir: str) -> dict:
         turns[name].rng.save()  # the state `train()` would start from had this trainer been built and run alone
         spies[name] = _GenerateSpy(trainers[name].model)
 
-    def work(name):
-        try:
-            turns[name].begin_turn()
-            trainers[name].train()
-        except BaseException as error:  # noqa: B036 - reported, and the other trainers must not wait forever
-            errors[name] = "".join(traceback.format_exception(error))
-        finally:
-            conductor.leave(name)
-
-    threads = [threading.Thread(target=work, args=(name,), name=f"bench-{name}") for name in variants]
-    for thread in threads:
-        thread.start()
-    started = time.perf_counter()
-    conductor.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise RuntimeError("A benchmarked trainer failed:\n" + "\n".join(errors.values()))
+    seconds = train_interleaved(conductor, trainers, turns, "")
 
     warm = settings["warmup_steps"]
     base_wall = np.array(turns[BASELINE].wall[warm:])
@@ -278,7 +287,7 @@ def run(quick: bool, output_dir: str) -> dict:
     same_loss = results["seeds_f0"]["loss"] == results[BASELINE]["loss"]
     return {
         "settings": settings | {"torch_threads": torch.get_num_threads(), "rounds": conductor.round},
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
         "seed_fraction_0_matches_grpo": bool(same_tokens and same_loss),
         "variants": results,
     }
