@@ -285,7 +285,8 @@ class SeedStore:
     def _push_backlog(self) -> None:
         """Hands the pusher every shard the manifest lists (main process, at start), to push in the background those
         the Hub dataset does not hold: pushes that failed or were still queued when the run stopped (a crash, `kill -9`)
-        died with its process. Set-aside shards are not listed, so never pushed."""
+        died with its process. Set-aside shards are not listed, so never pushed; the repo's `data/` shards the manifest
+        does not list are moved to `superseded/` there."""
         if self.pusher is None or not self.manifest.shards:
             return
         # A shard the resume found missing or damaged (restored into the bank from its .arrow copy) was warned about.
@@ -294,7 +295,9 @@ class SeedStore:
         shards = {path: sha256 for path, sha256 in shards.items() if path.is_file()}
         if shards:
             card = self.dataset_card(list(shards)[-1], self.hub_dataset_id, local=False)
-            self.pusher.submit_backlog(shards, card_text=str(card))
+            # Every listed name, damaged ones included: their copy on the Hub may be the only good one, never set aside.
+            names = [s["file"] for s in self.manifest.shards]
+            self.pusher.submit_backlog(shards, card_text=str(card), listed=names)
 
     def _hold_output_dir(self) -> None:
         """The main process locks the output_dir (one line when another run holds it); every rank stops with it."""
