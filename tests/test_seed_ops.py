@@ -625,6 +625,26 @@ def test_a_resume_moves_the_hub_shards_its_manifest_does_not_list_out_of_data(hu
     )
 
 
+def test_a_fresh_run_moves_an_earlier_runs_hub_shards_out_of_data(hub, make_trainer, tmp_path, caplog):
+    """A fresh run in a folder whose earlier run pushed shards 1 to 3: the earlier run's shards leave data/ for
+    superseded/ (shard 3, which this run never writes, included), so the repo's data/ is this run's manifest."""
+    repo_id, output_dir = "org/seeds", tmp_path / "run"
+    pushing = dict(dataset=tiny_prompts(2), save_steps=1, push_seeds_to_hub=True, hub_seed_dataset_id=repo_id)
+    make_trainer(**pushing, max_steps=3).train()
+    earlier = {path.removeprefix("data/"): data for path, data in hub.files(repo_id).items() if "data/" in path}
+
+    make_trainer(**pushing, max_steps=2).train()
+
+    listed = [s["file"] for s in seed_manifest(output_dir)["shards"]]
+    assert listed == ["step-000001.parquet", "step-000002.parquet"]
+    files = hub.files(repo_id)
+    assert _hub_shards(hub, repo_id) == [f"data/{name}" for name in listed]
+    assert files["data/step-000002.parquet"] == (output_dir / "seeds" / "step-000002.parquet").read_bytes()
+    moved = {path.rsplit("/", 1)[1]: data for path, data in files.items() if path.startswith("superseded/")}
+    assert moved == earlier and len(earlier) == 3
+    assert any("step-000003.parquet" in r.getMessage() and "superseded/" in r.getMessage() for r in caplog.records)
+
+
 def test_an_unreachable_hub_at_start_does_not_stop_the_run_and_the_next_start_pushes(
     hub, make_trainer, tmp_path, caplog, monkeypatch
 ):

@@ -192,7 +192,10 @@ class SeedHubPusher:
             self._lock.notify_all()
 
     def submit_backlog(
-        self, shards: Mapping[str | Path, str | None], card_text: str | None = None, listed: Iterable[str] = ()
+        self,
+        shards: Mapping[str | Path, str | None],
+        card_text: str | None = None,
+        listed: Iterable[str] | None = None,
     ) -> None:
         """Queues a comparison of `shards` (path -> SHA-256, None when unknown) with the repo and returns at once; the
         worker then pushes, before any later shard, those the repo does not hold, with one log line naming them.
@@ -208,6 +211,7 @@ class SeedHubPusher:
         nor pushed by this pusher are moved to `superseded/<time>/<name>` in one commit, with one warning naming them:
         `load_dataset(repo_id)` reads only `data/`, and nothing is deleted (the files stay in the repo and its history).
         Nothing outside `data/` is touched. A failed listing or move is one log line; the run's next start tries again.
+        With no `shards` and `listed` given (a fresh run's empty manifest), only that move is done.
         """
         backlog = {}
         for path, sha256 in shards.items():
@@ -223,8 +227,8 @@ class SeedHubPusher:
             if card_text is not None:
                 self._card_text = card_text
             self._backlog.update(backlog)
-            self._listed.update(listed)
-            if self._backlog:
+            self._listed.update(listed or ())
+            if self._backlog or listed is not None:
                 self._backlog_due = True
                 self._start_worker()
             self._lock.notify_all()
@@ -362,7 +366,7 @@ class SeedHubPusher:
                 self.repo_id,
                 ", ".join(shard.name for shard in missing),
             )
-        else:
+        elif backlog:
             logger.info(
                 "The Hub dataset %s holds all %d seed shards of the run's manifest.", self.repo_id, len(backlog)
             )
