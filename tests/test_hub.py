@@ -175,7 +175,8 @@ def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(
 
 def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hub, tmp_path, caplog):
     """What a crashed run left unpushed: shard 1 is on the Hub, 2 holds other bytes there (an abandoned branch's), 3
-    and 4 are missing; a shard the backlog does not name is left alone, and a failed comparison is tried again."""
+    and 4 are missing; a shard the backlog does not name is moved to superseded/, and a failed comparison is tried
+    again."""
     from huggingface_hub import HfApi
 
     from ts_trl.store.format import file_sha256
