@@ -175,7 +175,8 @@ def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(
 
 def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hub, tmp_path, caplog):
     """What a crashed run left unpushed: shard 1 is on the Hub, 2 holds other bytes there (an abandoned branch's), 3
-    and 4 are missing; a shard the backlog does not name is left alone, and a failed comparison is tried again."""
+    and 4 are missing; a shard the backlog does not name is moved to superseded/, and a failed comparison is tried
+    again."""
     from huggingface_hub import HfApi
 
     from ts_trl.store.format import file_sha256
@@ -199,10 +200,13 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
     pusher.submit(shards[3])  # the next push compares again first
     assert pusher.close(timeout=60) == []
     added = [f"Add seed shard {shard.name}" for shard in shards[1:]]
-    assert hub.commit_titles(REPO_ID)[commits:] == added  # shard 1 not again; 2 replaced, 3 and 4 added, in order
+    titles = hub.commit_titles(REPO_ID)[commits:]
+    assert "does not list" in titles[0] and titles[1:] == added  # shard 1 not again; 2 replaced, 3 and 4 added
     files = hub.files(REPO_ID)
     assert all(files[f"data/{shard.name}"] == shard.read_bytes() for shard in shards)
-    assert files["data/step-000009.parquet"] == b"other"  # not the backlog's: never deleted or overwritten
+    # Not the backlog's: moved out of data/ (so load_dataset does not read it), never deleted or overwritten.
+    assert "data/step-000009.parquet" not in files
+    assert [data for path, data in files.items() if path.startswith("superseded/")] == [b"other"]
     (line,) = [r.getMessage() for r in caplog.records if "does not hold yet" in r.getMessage()]
     assert "Pushing 3 seed shard(s)" in line and "step-000002.parquet, step-000003.parquet, step-000004" in line
     assert pusher.status()["pushed"] == 3 and pusher.status()["pending"] == 0
@@ -211,7 +215,48 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
 
     with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # everything is there now: no commit
         again.submit_backlog({shard: None for shard in shards})
-    assert len(hub.commit_titles(REPO_ID)) == commits + 3 and again.status()["pushed"] == 0
+    assert len(hub.commit_titles(REPO_ID)) == commits + 4 and again.status()["pushed"] == 0
+
+
+def test_a_failed_listing_of_data_leaves_the_strays_and_the_next_start_moves_them(hub, tmp_path, caplog):
+    """The repo answers the comparison but not the listing of data/: one warning, the pushes go on, nothing moves;
+    the next start moves the file the manifest does not list, and nothing outside data/ is touched."""
+    from huggingface_hub import HfApi
+
+    shards = write_run(tmp_path / "run", [1, 2])
+    api = HfApi(endpoint=hub.endpoint, token=FAKE_TOKEN)
+    api.create_repo(REPO_ID, repo_type="dataset")
+    for path in ("data/step-000007.parquet", "data/notes.txt", "superseded/step-000008.parquet", "extra.parquet"):
+        api.upload_file(path_or_fileobj=path.encode(), path_in_repo=path, repo_id=REPO_ID, repo_type="dataset")
+
+    # A refusal: huggingface_hub itself retries a listing that gets 5xx answers for about 23 s before giving up.
+    hub.fail_next(10**6, status=403, path_contains="/tree/")
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as pusher:
+        pusher.submit_backlog({shard: None for shard in shards}, listed=[shard.name for shard in shards])
+        wait_for(lambda: "Could not move" in caplog.text)
+    hub.heal()
+    (line,) = [r.getMessage() for r in caplog.records if "Could not move" in r.getMessage()]
+    assert "\n" not in line and REPO_ID in line and "403" in line and "next start" in line
+    assert (
+        pusher.status()["pushed"] == 2
+        and hub.files(REPO_ID)["data/step-000007.parquet"] == b"data/step-000007.parquet"
+    )
+
+    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # the next start
+        again.submit_backlog({shard: None for shard in shards}, listed=[shard.name for shard in shards])
+    files = hub.files(REPO_ID)
+    assert sorted(path for path in files if path.startswith("data/")) == [
+        "data/notes.txt",  # not a shard: left
+        *(f"data/{shard.name}" for shard in shards),
+    ]
+    moved = [path for path in files if path.startswith("superseded/2")]
+    assert (
+        len(moved) == 1
+        and moved[0].endswith("/step-000007.parquet")
+        and files[moved[0]] == b"data/step-000007.parquet"
+    )
+    assert files["superseded/step-000008.parquet"] == b"superseded/step-000008.parquet"
+    assert files["extra.parquet"] == b"extra.parquet"
 
 
 def test_a_backlog_compares_lfs_files_by_sha256_and_inline_files_by_blob_id(tmp_path):

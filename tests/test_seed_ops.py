@@ -578,6 +578,73 @@ def test_pushes_a_crash_left_undone_are_made_at_the_next_start(hub, make_trainer
     assert all(c.files.get("data/step-000005.parquet") != abandoned for c in hub.repos[("dataset", repo_id)].commits)
 
 
+def test_a_resume_moves_the_hub_shards_its_manifest_does_not_list_out_of_data(hub, make_trainer, tmp_path, caplog):
+    """A run pushes shards 1 to 5 and is resumed from checkpoint-3 to end at step 4: the abandoned branch's shards 4
+    and 5 are not the manifest's (shard 5 is never written again), so the resume moves them out of data/ in the repo,
+    byte for byte, in one commit with one warning; the run pushes its own shard 4, and load_dataset reads only the
+    manifest's shards."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo_id, output_dir = "org/seeds", tmp_path / "run"
+    pushing = dict(dataset=tiny_prompts(2), save_steps=1, push_seeds_to_hub=True, hub_seed_dataset_id=repo_id)
+    make_trainer(**pushing, max_steps=5).train()
+    assert _hub_shards(hub, repo_id) == [f"data/step-00000{step}.parquet" for step in range(1, 6)]
+    abandoned = {name: hub.files(repo_id)[f"data/{name}"] for name in ("step-000004.parquet", "step-000005.parquet")}
+    commits = len(hub.commit_titles(repo_id))
+
+    make_trainer(**pushing, max_steps=4).train(resume_from_checkpoint=str(output_dir / "checkpoint-3"))
+
+    listed = [s["file"] for s in seed_manifest(output_dir)["shards"]]
+    assert listed == [f"step-00000{step}.parquet" for step in range(1, 5)]
+    assert _hub_shards(hub, repo_id) == [f"data/{name}" for name in listed]
+    files = hub.files(repo_id)
+    assert all(files[f"data/{name}"] == (output_dir / "seeds" / name).read_bytes() for name in listed)
+    moved = {path.rsplit("/", 1)[1]: data for path, data in files.items() if path.startswith("superseded/")}
+    assert moved == abandoned  # nothing lost: both set-aside shards, byte for byte, under one superseded/<time>/
+    assert len({path.rsplit("/", 1)[0] for path in files if path.startswith("superseded/")}) == 1
+    assert sorted(path for path in files if not path.startswith(("data/", "superseded/"))) == [
+        ".gitattributes",
+        "README.md",
+    ]
+    assert "path: data/*.parquet" in files["README.md"].decode()  # the card's configs: superseded/ is not read
+    titles = hub.commit_titles(repo_id)[commits:]
+    assert len(titles) == 2 and "does not list" in titles[0] and titles[1] == "Add seed shard step-000004.parquet"
+    lines = [r.getMessage() for r in caplog.records if "that the run's manifest does not list" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "step-000004.parquet, step-000005.parquet" in lines[0]
+
+    loaded = datasets.load_dataset(repo_id, split="train", cache_dir=str(tmp_path / "datasets-cache"))
+    expected = [pq.read_table(output_dir / "seeds" / name) for name in listed]
+    assert len(loaded) == sum(table.num_rows for table in expected) > 0
+    assert all(pq.read_table(pa.BufferReader(data)).num_rows > 0 for data in abandoned.values())
+    rows = sorted(zip(loaded["step"], loaded["completion"]))
+    assert rows == sorted(
+        pair for table in expected for pair in zip(*table.select(["step", "completion"]).to_pydict().values())
+    )
+
+
+def test_a_fresh_run_moves_an_earlier_runs_hub_shards_out_of_data(hub, make_trainer, tmp_path, caplog):
+    """A fresh run in a folder whose earlier run pushed shards 1 to 3: the earlier run's shards leave data/ for
+    superseded/ (shard 3, which this run never writes, included), so the repo's data/ is this run's manifest."""
+    repo_id, output_dir = "org/seeds", tmp_path / "run"
+    pushing = dict(dataset=tiny_prompts(2), save_steps=1, push_seeds_to_hub=True, hub_seed_dataset_id=repo_id)
+    make_trainer(**pushing, max_steps=3).train()
+    earlier = {path.removeprefix("data/"): data for path, data in hub.files(repo_id).items() if "data/" in path}
+
+    make_trainer(**pushing, max_steps=2).train()
+
+    listed = [s["file"] for s in seed_manifest(output_dir)["shards"]]
+    assert listed == ["step-000001.parquet", "step-000002.parquet"]
+    files = hub.files(repo_id)
+    assert _hub_shards(hub, repo_id) == [f"data/{name}" for name in listed]
+    assert files["data/step-000002.parquet"] == (output_dir / "seeds" / "step-000002.parquet").read_bytes()
+    moved = {path.rsplit("/", 1)[1]: data for path, data in files.items() if path.startswith("superseded/")}
+    assert moved == earlier and len(earlier) == 3
+    assert any("step-000003.parquet" in r.getMessage() and "superseded/" in r.getMessage() for r in caplog.records)
+
+
 def test_an_unreachable_hub_at_start_does_not_stop_the_run_and_the_next_start_pushes(
     hub, make_trainer, tmp_path, caplog, monkeypatch
 ):

@@ -6,13 +6,24 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import CommitOperationAdd, HfApi, RepoFile, constants, get_token, snapshot_download
+from huggingface_hub import (
+    CommitOperationAdd,
+    CommitOperationCopy,
+    CommitOperationDelete,
+    HfApi,
+    RepoFile,
+    constants,
+    get_token,
+    snapshot_download,
+)
 from huggingface_hub.errors import (
+    EntryNotFoundError,
     HfHubHTTPError,
     HFValidationError,
     LocalEntryNotFoundError,
@@ -28,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 DATA_DIR = "data"
 CARD_FILE = "README.md"
+# Where shards the run's manifest does not list are moved in the repo: outside `data/`, so the card's `configs:`
+# (`data/*.parquet`) and `load_dataset` never read them, yet kept in the repo, as `seeds/superseded/` keeps them on disk.
+SUPERSEDED_DIR = "superseded"
 # What a seed dataset repo holds; anything else in it (scripts, other data) is not fetched.
 SEED_DATASET_PATTERNS = [f"{DATA_DIR}/*.parquet", CARD_FILE]
 # What is fetched of a `seed_dataset` that may be any dataset of traces (a ts_trl seed dataset included).
@@ -55,7 +69,8 @@ class SeedHubPusher:
 
     What a pusher kept to retry dies with its process. `submit_backlog` is the way back at the next start: it hands over
     every shard the run's manifest lists, and the worker, before any later push, asks the repo which of them it holds
-    and pushes the others.
+    and pushes the others; it then moves the repo's `data/*.parquet` files the manifest does not list (an abandoned
+    branch's, an earlier run's) to `superseded/<time>/`, in one commit.
 
     Args:
         repo_id: the dataset repo, `"org/name"`; created (as a dataset repo) on the first push if it does not exist.
@@ -108,6 +123,7 @@ class SeedHubPusher:
         # Shards handed over by `submit_backlog` whose presence in the repo is not known yet (path -> SHA-256 or None),
         # whether a comparison is due (the worker takes it before any push) and whether one is under way.
         self._backlog: dict[Path, str | None] = {}
+        self._listed: set[str] = set()  # names of every shard the run's manifest lists (its damaged ones included)
         self._backlog_due = False
         self._comparing = False
         self._compare_failed = False  # a comparison failed every attempt once already
@@ -175,7 +191,12 @@ class SeedHubPusher:
             self._start_worker()
             self._lock.notify_all()
 
-    def submit_backlog(self, shards: Mapping[str | Path, str | None], card_text: str | None = None) -> None:
+    def submit_backlog(
+        self,
+        shards: Mapping[str | Path, str | None],
+        card_text: str | None = None,
+        listed: Iterable[str] | None = None,
+    ) -> None:
         """Queues a comparison of `shards` (path -> SHA-256, None when unknown) with the repo and returns at once; the
         worker then pushes, before any later shard, those the repo does not hold, with one log line naming them.
 
@@ -183,7 +204,14 @@ class SeedHubPusher:
         `kill -9`) are otherwise lost with the process that kept them. The repo holds a shard when it has
         `data/<shard name>` with the same content: the SHA-256 the Hub reports for a file stored in LFS (or Xet), else
         git's blob id. When the repo cannot be asked (offline, down), one line says so and the comparison is tried again
-        at the next `submit` and at `close`; nothing in the repo is deleted, and only the given shards are ever pushed.
+        at the next `submit` and at `close`; only the given shards are ever pushed.
+
+        Once the comparison succeeded, the repo's `data/*.parquet` files that are neither in `shards` nor in `listed`
+        (the names of every shard the manifest lists, those not handed over for lack of a good local copy included)
+        nor pushed by this pusher are moved to `superseded/<time>/<name>` in one commit, with one warning naming them:
+        `load_dataset(repo_id)` reads only `data/`, and nothing is deleted (the files stay in the repo and its history).
+        Nothing outside `data/` is touched. A failed listing or move is one log line; the run's next start tries again.
+        With no `shards` and `listed` given (a fresh run's empty manifest), only that move is done.
         """
         backlog = {}
         for path, sha256 in shards.items():
@@ -199,7 +227,8 @@ class SeedHubPusher:
             if card_text is not None:
                 self._card_text = card_text
             self._backlog.update(backlog)
-            if self._backlog:
+            self._listed.update(listed or ())
+            if self._backlog or listed is not None:
                 self._backlog_due = True
                 self._start_worker()
             self._lock.notify_all()
@@ -337,10 +366,73 @@ class SeedHubPusher:
                 self.repo_id,
                 ", ".join(shard.name for shard in missing),
             )
-        else:
+        elif backlog:
             logger.info(
                 "The Hub dataset %s holds all %d seed shards of the run's manifest.", self.repo_id, len(backlog)
             )
+        if missing is not None and not self._abort.is_set():
+            self._set_aside_unlisted(backlog)
+
+    def _set_aside_unlisted(self, backlog: dict[Path, str | None]) -> None:
+        """Moves the repo's `data/*.parquet` files that are not this run's shards to `superseded/<time>/`, in one
+        commit (a copy and a delete each: the content stays in the repo). Tried once: it runs right after the repo
+        answered, and the client may retry a request on its own; a failure is one line, and the next start tries again.
+        """
+        with self._lock:
+            ours = {shard.name for shard in [*backlog, *self._queue, *self._pending, *self._pushed.values()]}
+            ours |= self._listed | ({self._in_flight.name} if self._in_flight else set())
+        try:
+            stray = sorted(
+                entry.path.removeprefix(f"{DATA_DIR}/")
+                for entry in self._api.list_repo_tree(self.repo_id, path_in_repo=DATA_DIR, repo_type="dataset")
+                if isinstance(entry, RepoFile) and entry.path.endswith(".parquet")
+            )
+            stray = [name for name in stray if "/" not in name and name not in ours]
+            if not stray:
+                return
+            target = f"{SUPERSEDED_DIR}/{self._free_stamp()}"
+            copies = [CommitOperationCopy(f"{DATA_DIR}/{name}", f"{target}/{name}") for name in stray]
+            deletes = [CommitOperationDelete(f"{DATA_DIR}/{name}") for name in stray]
+            self._api.create_commit(
+                self.repo_id,
+                [*copies, *deletes],
+                commit_message=f"Move {len(stray)} shard(s) the run's manifest does not list to {target}/",
+                repo_type="dataset",
+            )
+        except (RepositoryNotFoundError, EntryNotFoundError):
+            return  # no repo, or no data/ folder yet: nothing to set aside
+        except Exception as error:  # noqa: BLE001 - tidying the repo must never reach the training loop
+            logger.warning(
+                "Could not move the files the run's manifest does not list out of %s/ in the Hub dataset %s (%s); "
+                "load_dataset reads them with the run's shards until the run's next start moves them.",
+                DATA_DIR,
+                self.repo_id,
+                self._redact(" ".join(f"{type(error).__name__}: {error}".split())),
+            )
+            return
+        logger.warning(
+            "The Hub dataset %s held %d shard(s) under %s/ that the run's manifest does not list (an abandoned "
+            "branch's or an earlier run's); moved to %s/ so that load_dataset does not read them: %s.",
+            self.repo_id,
+            len(stray),
+            DATA_DIR,
+            target,
+            ", ".join(stray),
+        )
+
+    def _free_stamp(self) -> str:
+        """A folder name under `superseded/` by the time to the second, suffixed `-2`, `-3`... when the repo has it."""
+        try:
+            taken = {
+                entry.path.removeprefix(f"{SUPERSEDED_DIR}/")
+                for entry in self._api.list_repo_tree(self.repo_id, path_in_repo=SUPERSEDED_DIR, repo_type="dataset")
+            }
+        except EntryNotFoundError:
+            taken = set()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return next(
+            name for n in range(1, len(taken) + 2) if (name := stamp if n == 1 else f"{stamp}-{n}") not in taken
+        )
 
     def _missing(self, backlog: dict[Path, str | None]) -> list[Path]:
         """The backlog shards the repo lacks, or holds with other content (those are replaced), in backlog order."""

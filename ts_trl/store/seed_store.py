@@ -285,16 +285,19 @@ class SeedStore:
     def _push_backlog(self) -> None:
         """Hands the pusher every shard the manifest lists (main process, at start), to push in the background those
         the Hub dataset does not hold: pushes that failed or were still queued when the run stopped (a crash, `kill -9`)
-        died with its process. Set-aside shards are not listed, so never pushed."""
-        if self.pusher is None or not self.manifest.shards:
+        died with its process. Set-aside shards are not listed, so never pushed; the repo's `data/` shards the manifest
+        does not list are moved to `superseded/` there."""
+        if self.pusher is None:
             return
         # A shard the resume found missing or damaged (restored into the bank from its .arrow copy) was warned about.
         listed = [s for s in self.manifest.shards if s["file"] not in self.damaged]
         shards = {self.manifest.resolve(s["file"]): s.get("sha256") for s in listed}
         shards = {path: sha256 for path, sha256 in shards.items() if path.is_file()}
-        if shards:
-            card = self.dataset_card(list(shards)[-1], self.hub_dataset_id, local=False)
-            self.pusher.submit_backlog(shards, card_text=str(card))
+        card = self.dataset_card(list(shards)[-1], self.hub_dataset_id, local=False) if shards else None
+        # Every listed name, damaged ones included: their copy on the Hub may be the only good one, never set aside.
+        # A fresh run's manifest lists none: the repo's data/ shards are an earlier run's.
+        names = [s["file"] for s in self.manifest.shards]
+        self.pusher.submit_backlog(shards, card_text=str(card) if card else None, listed=names)
 
     def _hold_output_dir(self) -> None:
         """The main process locks the output_dir (one line when another run holds it); every rank stops with it."""
