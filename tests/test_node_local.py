@@ -18,19 +18,18 @@ from tests.conftest import free_port, seed_manifest, seed_rows, tiny_prompts
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _two_machines(tmp_path, output_dirs, *args, timeout=300) -> list[dict]:
-    """Runs tests/two_node_seeds.py as machine 0 and machine 1 (`output_dirs[rank]` each); returns their reports."""
+def _launch_two_machines(tmp_path, arguments, timeout=300) -> list[str]:
+    """Starts machine 0 and machine 1 (`accelerate launch` each, `arguments[rank]` after the launcher's), waits for
+    both, and returns their output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     env.update(TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env.pop("ACCELERATE_USE_CPU", None)
     port, launches, logs = free_port(), [], []
-    for rank, output_dir in enumerate(output_dirs):
+    for rank, rank_arguments in enumerate(arguments):
         command = [sys.executable, "-m", "accelerate.commands.launch"]
         command += ["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_machines", "2"]
         command += ["--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-        command += ["--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "two_node_seeds.py")]
-        command += [str(output_dir), str(tmp_path / f"report{rank}.json"), *args]
-        (tmp_path / f"report{rank}.json").unlink(missing_ok=True)
+        command += ["--num_processes", "2", "--mixed_precision", "no", *rank_arguments]
         logs.append(tmp_path / f"machine{rank}.log")
         with open(logs[-1], "w") as log:
             launches.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -42,14 +41,19 @@ def _two_machines(tmp_path, output_dirs, *args, timeout=300) -> list[dict]:
         for launch in launches:
             launch.kill()
         raise AssertionError("a machine hung:\n" + "\n".join(log.read_text()[-3000:] for log in logs)) from None
-    reports = []
-    for rank, log in enumerate(logs):
-        report = tmp_path / f"report{rank}.json"
-        assert report.is_file(), (
-            f"machine {rank} wrote no report (exit {launches[rank].returncode}):\n" + (log.read_text()[-4000:])
-        )
-        reports.append(json.loads(report.read_text()))
-    return reports
+    return [log.read_text() for log in logs]
+
+
+def _two_machines(tmp_path, output_dirs, *args) -> list[dict]:
+    """Runs tests/two_node_seeds.py as machine 0 and machine 1 (`output_dirs[rank]` each); returns their reports."""
+    reports = [tmp_path / f"report{rank}.json" for rank in range(2)]
+    for report in reports:
+        report.unlink(missing_ok=True)
+    script = str(ROOT / "tests" / "two_node_seeds.py")
+    outputs = _launch_two_machines(tmp_path, [[script, str(d), str(r), *args] for d, r in zip(output_dirs, reports)])
+    for rank, (report, output) in enumerate(zip(reports, outputs)):
+        assert report.is_file(), f"machine {rank} wrote no report:\n{output[-4000:]}"
+    return [json.loads(report.read_text()) for report in reports]
 
 
 def _assert_same_bank_and_true_prefixes(reports, main_dir, step: int) -> None:
@@ -113,3 +117,25 @@ def test_a_shared_folder_trains_and_resumes_on_two_machines(tmp_path):
     reports = _two_machines(tmp_path, [shared, shared], "--max_steps", "3", "--resume", "checkpoint-2")
     _assert_same_bank_and_true_prefixes(reports, shared, step=3)
     assert [s["step"] for s in seed_manifest(shared)["shards"]] == [1, 2, 3]
+
+
+def test_the_cli_stops_both_machines_with_one_line_when_one_lacks_the_checkpoint(tmp_path):
+    """`train.py` checks each machine's own --output_dir before anything loads, and every machine stops with the line
+    of the first that failed: none is left waiting for the other in a collective."""
+    for rank in range(2):
+        (tmp_path / f"node{rank}" / "run").mkdir(parents=True)
+    checkpoint = tmp_path / "node0" / "run" / "checkpoint-2"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    arguments = [
+        ["train.py", "--use_cpu", "--output_dir", str(d), "--resume_from_checkpoint", str(d / "checkpoint-2")]
+        for d in (tmp_path / "node0" / "run", tmp_path / "node1" / "run")
+    ]
+    outputs = _launch_two_machines(tmp_path, arguments, timeout=240)
+    missing = str(tmp_path / "node1" / "run" / "checkpoint-2")
+    for output in outputs:
+        lines = [line for line in output.splitlines() if line.startswith("train.py: error: ")]
+        assert len(lines) == 1 and lines[0].startswith("train.py: error: Rank 1 (its own --output_dir)"), output[
+            -3000:
+        ]
+        assert missing in lines[0] and "does not exist" in lines[0]
