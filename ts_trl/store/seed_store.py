@@ -686,9 +686,9 @@ def resume_checkpoint_on_every_rank(
 
     Every rank loads transformers' part of a checkpoint (weights, optimizer, its RNG state) from its own disk. With
     True the main process picks its newest complete checkpoint, and every rank takes the folder of that name in its own
-    output_dir. A rank that lacks it (node-local disks without `save_on_each_node`), or whose checkpoint is at another
-    step than the main process's, stops every rank with the same line, rather than leave the others waiting in a
-    collective.
+    output_dir. A rank that lacks it or its weights (node-local disks: transformers writes the weights on the main
+    process only, even with `save_on_each_node`), or whose checkpoint is at another step than the main process's, stops
+    every rank with the same line, rather than leave the others waiting in a collective.
     """
     several = accelerator.num_processes > 1
     if checkpoint is True:
