@@ -46,26 +46,36 @@ def _launch_two_machines(tmp_path, arguments, timeout=300) -> list[str]:
 
 def _two_machines(tmp_path, output_dirs, *args) -> list[dict]:
     """Runs tests/two_node_seeds.py as machine 0 and machine 1 (`output_dirs[rank]` each); returns their reports."""
+    return _two_machines_with(tmp_path, [[str(d)] for d in output_dirs], *args)
+
+
+def _two_machines_with(tmp_path, arguments, *args) -> list[dict]:
+    """`_two_machines` with `arguments[rank]` (the output_dir first, then options of that machine's own)."""
     reports = [tmp_path / f"report{rank}.json" for rank in range(2)]
     for report in reports:
         report.unlink(missing_ok=True)
     script = str(ROOT / "tests" / "two_node_seeds.py")
-    outputs = _launch_two_machines(tmp_path, [[script, str(d), str(r), *args] for d, r in zip(output_dirs, reports)])
+    outputs = _launch_two_machines(
+        tmp_path, [[script, a[0], str(r), *a[1:], *args] for a, r in zip(arguments, reports)]
+    )
     for rank, (report, output) in enumerate(zip(reports, outputs)):
         assert report.is_file(), f"machine {rank} wrote no report:\n{output[-4000:]}"
     return [json.loads(report.read_text()) for report in reports]
 
 
-def _assert_same_bank_and_true_prefixes(reports, main_dir, step: int) -> None:
+def _assert_same_bank_and_true_prefixes(reports, main_dir, step: int, seed_dataset=None) -> list[dict]:
+    """Returns the seeded rows of the main process's seed dataset."""
     assert [r.get("step") for r in reports] == [step, step], reports
     assert reports[0]["bank"] == reports[1]["bank"], "the ranks hold different seed banks"
     rows = seed_rows(main_dir, by_id=True)
-    assert reports[0]["rows"] == len(rows)
+    origins = {**rows, **(seed_rows(seed_dataset, by_id=True) if seed_dataset else {})}
+    assert reports[0]["rows"] == len(origins)
     seeded = [r for r in rows.values() if r["seed_origin"] is not None]
     assert seeded, "nothing was seeded"
     for row in seeded:  # every prefix is its origin's tokens, whichever rank generated it
         k = row["prefix_len"]
-        assert k >= 1 and row["completion_ids"][:k] == rows[row["seed_origin"]]["completion_ids"][:k], row
+        assert k >= 1 and row["completion_ids"][:k] == origins[row["seed_origin"]]["completion_ids"][:k], row
+    return seeded
 
 
 def test_node_local_disks_train_and_resume_from_the_main_nodes_seeds(tmp_path):
@@ -109,14 +119,29 @@ def test_a_node_holding_a_copy_of_an_abandoned_timeline_trains_on_the_main_proce
     assert "in another version than the main process's" in log and "step-000002.arrow" in log
 
 
-def test_a_shared_folder_trains_and_resumes_on_two_machines(tmp_path):
-    """(c) Both machines write into one folder (a shared disk): every rank maps the main process's bank files."""
+def test_a_seed_dataset_only_the_main_node_holds_seeds_every_rank(make_trainer, tmp_path):
+    """A `seed_dataset` on node 0's disk only (node 1 finds nothing at its path): node 1 takes the main process's
+    seeds instead of stopping alone, and both ranks seed from the same bank."""
+    source = tmp_path / "source"
+    make_trainer(dataset=tiny_prompts(2), output_dir=str(source), max_steps=2, save_steps=1).train()
+    node0, node1 = tmp_path / "node0" / "run", tmp_path / "node1" / "run"
+    arguments = [[str(d), "--seed_dataset", str(s)] for d, s in ((node0, source), (node1, tmp_path / "absent"))]
+    reports = _two_machines_with(tmp_path, arguments, "--max_steps", "2")
+    seeded = _assert_same_bank_and_true_prefixes(reports, node0, step=2, seed_dataset=source)
+    external = set(seed_rows(source, by_id=True))
+    assert any(row["seed_origin"] in external for row in seeded)
+    assert "Rank 1 could not read seed_dataset" in (tmp_path / "machine1.log").read_text()
+
+
+def test_a_shared_folder_resumes_on_two_machines(make_trainer, tmp_path):
+    """(c) Both machines resume in one folder (a shared disk): every rank maps the main process's bank files, and the
+    snapshots they write. (A fresh two-process run in one folder: tests/test_cli.py.)"""
     shared = tmp_path / "shared" / "run"
-    reports = _two_machines(tmp_path, [shared, shared], "--max_steps", "2")
-    _assert_same_bank_and_true_prefixes(reports, shared, step=2)
-    reports = _two_machines(tmp_path, [shared, shared], "--max_steps", "3", "--resume", "checkpoint-2")
-    _assert_same_bank_and_true_prefixes(reports, shared, step=3)
-    assert [s["step"] for s in seed_manifest(shared)["shards"]] == [1, 2, 3]
+    make_trainer(dataset=tiny_prompts(2), output_dir=str(shared), max_steps=2, save_steps=1).train()
+    reports = _two_machines(tmp_path, [shared, shared], "--max_steps", "4", "--resume", "checkpoint-2")
+    _assert_same_bank_and_true_prefixes(reports, shared, step=4)
+    assert [s["step"] for s in seed_manifest(shared)["shards"]] == [1, 2, 3, 4]
+    assert "in another version" not in (tmp_path / "machine1.log").read_text()  # rank 1 found the same files
 
 
 def test_the_cli_stops_both_machines_with_one_line_when_one_lacks_the_checkpoint(tmp_path):

@@ -3,7 +3,7 @@
     python -m accelerate.commands.launch --config_file accelerate_configs/multi_gpu.yaml --num_machines 2 \
         --machine_rank R --main_process_ip 127.0.0.1 --main_process_port P --num_processes 2 --mixed_precision no \
         tests/two_node_seeds.py OUTPUT_DIR REPORT [--max_steps N] [--resume CHECKPOINT|newest] \
-        [--save_on_each_node]
+        [--save_on_each_node] [--seed_dataset PATH]
 
 Each machine passes its own OUTPUT_DIR (node-local disks) or both the same (a shared disk). The rank writes REPORT
 (JSON): the step it reached and a digest of its whole seed bank (ids, prompts, tokens, log-probs), or the one line it
@@ -37,6 +37,7 @@ if __name__ == "__main__":
     parser.add_argument("--max_steps", type=int, default=2)
     parser.add_argument("--resume", help="a checkpoint folder's name in output_dir, or 'newest' (True)")
     parser.add_argument("--save_on_each_node", action="store_true")
+    parser.add_argument("--seed_dataset")
     options = parser.parse_args()
     settings = {
         **TINY_SETTINGS,
@@ -45,6 +46,7 @@ if __name__ == "__main__":
         "max_steps": options.max_steps,
         "save_steps": 1,
         "save_on_each_node": options.save_on_each_node,
+        "seed_dataset": options.seed_dataset,
     }
     tokenizer = build_tokenizer()
     trainer = SeedGRPOTrainer(

@@ -8,6 +8,7 @@ the shards its bank held::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -197,17 +198,25 @@ class SeedStore:
         # Ids the model can emit: its embedding rows may outnumber the tokenizer's entries (padded vocabularies).
         self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
         # `seed_dataset`: another run's seeds or any traces (text seeds are re-tokenised, see `external_seeds.py`)
-        external = read_external_seeds(
-            settings.external,
-            tokenizer,
-            self.tokenizer_fp,
-            train_dataset,
-            reward_funcs,
-            reward_names,
-            success_reward,
-            main=accelerator.is_main_process,
-            template=turn_template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
-        )
+        problem = external = None
+        try:
+            external = read_external_seeds(
+                settings.external,
+                tokenizer,
+                self.tokenizer_fp,
+                train_dataset,
+                reward_funcs,
+                reward_names,
+                success_reward,
+                main=accelerator.is_main_process,
+                template=turn_template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
+            )
+        except ValueError as error:
+            problem = str(error)
+        if accelerator.num_processes > 1 and settings.external.seed_dataset is not None:
+            external, problem = self._main_process_external_seeds(external, problem)
+        if problem is not None:
+            raise ValueError(problem)
         self.external_seeds = external.table if external is not None else None
         self.external_provenance = external.provenance if external is not None else None
         self.text_cuts = external.text_cuts if external is not None else {}  # rollout id -> where it may be cut
@@ -236,6 +245,34 @@ class SeedStore:
         if self.hub_dataset_id is not None and accelerator.is_main_process:
             self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
             self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
+
+    def _main_process_external_seeds(self, external, problem: str | None):
+        """The main process's `seed_dataset` seeds on every rank, and its refusal (None: none).
+
+        Every rank reads `seed_dataset` itself (and the text-seed cache in its own output_dir): on node-local disks a
+        node may lack the dataset, or hold a cache or a copy that gives other seeds. A rank whose seeds differ from the
+        main process's (a digest of the table and the cut positions), or that could not read them, takes the main
+        process's. A collective: every rank calls it, at construction.
+        """
+        main = self.accelerator.is_main_process
+        digest = external_seeds_digest(external) if problem is None else None
+        found = gather_object([(problem, digest)])
+        if found[0][0] is not None:
+            return None, found[0][0]  # the main process's refusal, on every rank
+        differ = [rank for rank, (_, other) in enumerate(found) if other != found[0][1]]
+        if not differ:
+            return external, None
+        sent = broadcast_object_list([external if main else None])[0]
+        if self.accelerator.process_index in differ:
+            rank = self.accelerator.process_index
+            logger.warning(
+                f"Rank {rank} could not read seed_dataset ({problem}); it takes the main process's seeds instead."
+                if problem is not None
+                else f"Rank {rank} read other seeds from seed_dataset than the main process (its own copy or cache "
+                "differs); it takes the main process's instead."
+            )
+            return sent, None
+        return external, None
 
     @property
     def seeds_dir(self) -> Path:
@@ -616,6 +653,16 @@ class SeedStore:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
         if self.pusher is not None:
             self.pusher.close(timeout=timeout)
+
+
+def external_seeds_digest(external) -> str | None:
+    """A SHA-256 of a `seed_dataset`'s seeds as the bank takes them: their table and the text seeds' cut positions."""
+    if external is None:
+        return None
+    digest = hashlib.sha256(table_bytes(external.table.combine_chunks()))  # however the rows were chunked
+    for rollout_id in sorted(external.text_cuts):
+        digest.update(rollout_id.encode() + b"\0" + np.asarray(external.text_cuts[rollout_id], np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:
