@@ -51,10 +51,21 @@ def check_output_dir(training_args) -> None:
 
     Checkpoints and seeds are one run: a new run into a folder that has either would mix them (a later resume would
     find another run's checkpoints, or shards moved aside), so it is refused before anything is loaded or written.
+    Every rank checks its own output_dir (another machine's may be a local disk), and all stop with the first line.
     """
-    output_dir = Path(training_args.output_dir)
-    if training_args.resume_from_checkpoint:
-        check_resume_checkpoint(training_args.resume_from_checkpoint, output_dir)
+    problem = None
+    try:
+        _check_own_output_dir(Path(training_args.output_dir), training_args.resume_from_checkpoint)
+    except ValueError as error:
+        problem = str(error)
+    problem = first_problem_of_every_rank(problem)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def _check_own_output_dir(output_dir: Path, resume_from_checkpoint) -> None:
+    if resume_from_checkpoint:
+        check_resume_checkpoint(resume_from_checkpoint, output_dir)
         return
     if not output_dir.is_dir():
         return
@@ -67,6 +78,17 @@ def check_output_dir(training_args) -> None:
         f"--output_dir {output_dir} holds an earlier run ({held}). Continue it with {resume}, or start a new run in "
         "another --output_dir (or move the folder away)."
     )
+
+
+def first_problem_of_every_rank(problem: str | None) -> str | None:
+    """The first rank's problem (None: none has one), on every rank of a started process group; `problem` alone
+    without one. A rank that stopped alone would leave the others waiting in their first collective."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return problem
+    found = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(found, problem)
+    rank, first = next(((r, p) for r, p in enumerate(found) if p is not None), (0, None))
+    return first if rank == 0 or first is None else f"Rank {rank} (its own --output_dir): {first}"
 
 
 def check_model_source(name: str) -> None:

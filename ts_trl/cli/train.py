@@ -139,7 +139,8 @@ def build_trainer(script_args: SeedScriptArguments, training_args, model_args, t
         curve.report_through(trainer)  # held-out pass@1 reaches every report_to tracker
     use_compact_console(trainer)  # one line per logging step; every metric still reaches report_to
     if training_args.resume_from_checkpoint and training_args.seed_method != "none":
-        trainer.seed_store.check_resume(training_args.resume_from_checkpoint)  # one line, not a traceback
+        # One line, not a traceback, on every rank: the main process's seeds decide (other nodes may have none).
+        trainer.seed_store.main_process_resume(training_args.resume_from_checkpoint)
     return trainer, interrupt, eval_dataset if embedded else None
 
 

@@ -552,6 +552,18 @@ def read_bank_table(
     dataset lacks its other columns). Where neither copy is whole, or a token id lies outside `vocab_size`, one line
     names the file.
     """
+    tables = read_bank_tables(manifest, shards, vocab_size, problems, repair)
+    return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def read_bank_tables(
+    manifest: SeedManifest,
+    shards: Sequence[dict],
+    vocab_size: int | None = None,
+    problems: dict[str, str] | None = None,
+    repair: bool = True,
+) -> list[pa.Table]:
+    """`read_bank_table`'s tables, one per shard."""
     problems = verify_shards(manifest, shards) if problems is None else problems
     tables = []
     for shard in shards:
@@ -565,7 +577,36 @@ def read_bank_table(
                 "tokenizer, or from a checkpoint before its step.",
             )
         tables.append(table)
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    return tables
+
+
+def same_bank_files(manifest: SeedManifest, shards: Sequence[dict]) -> list[bool]:
+    """Whether each shard's `.arrow` file in `manifest`'s folder holds the bytes the entry's checksum records.
+
+    What a rank that is not the main process checks before it maps its own copy (another node's disk may hold a stale
+    copy, or none): an entry without a checksum cannot be vouched for, so it counts as different.
+    """
+    names = [(s.get("bank_file"), s.get("bank_sha256")) for s in shards]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda item: None not in item and same_file(manifest.resolve(item[0]), item[1]), names))
+
+
+def same_file(path: Path, checksum: str) -> bool:
+    """Whether `path` is a file whose SHA-256 is `checksum`."""
+    return path.is_file() and file_sha256(path) == checksum
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """`table` as an Arrow IPC stream, to send to another process (`table_of_bytes` reads it back)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def table_of_bytes(data: bytes) -> pa.Table:
+    """The table `table_bytes` wrote; its columns are views of `data`, not copies."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def _read_bank_copy(

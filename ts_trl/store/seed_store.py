@@ -8,6 +8,7 @@ the shards its bank held::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,10 +21,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from transformers import TrainerCallback
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import FSDP_MODEL_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import (
+    ADAPTER_SAFE_WEIGHTS_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
 
 from .bank import SeedBank
 from .cards import dataset_card_for_shard, model_name_of
@@ -37,11 +46,15 @@ from .format import (
     atomic_write_json,
     bank_file_name,
     map_bank_file,
-    read_bank_table,
+    read_bank_tables,
     remove_stale_temporaries,
     rollouts_to_table,
+    same_bank_files,
+    same_file,
     set_aside_unlisted,
     shard_name,
+    table_bytes,
+    table_of_bytes,
     tokenizer_fingerprint,
     verify_shards,
     with_sampling_metadata,
@@ -185,17 +198,25 @@ class SeedStore:
         # Ids the model can emit: its embedding rows may outnumber the tokenizer's entries (padded vocabularies).
         self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
         # `seed_dataset`: another run's seeds or any traces (text seeds are re-tokenised, see `external_seeds.py`)
-        external = read_external_seeds(
-            settings.external,
-            tokenizer,
-            self.tokenizer_fp,
-            train_dataset,
-            reward_funcs,
-            reward_names,
-            success_reward,
-            main=accelerator.is_main_process,
-            template=turn_template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
-        )
+        problem = external = None
+        try:
+            external = read_external_seeds(
+                settings.external,
+                tokenizer,
+                self.tokenizer_fp,
+                train_dataset,
+                reward_funcs,
+                reward_names,
+                success_reward,
+                main=accelerator.is_main_process,
+                template=turn_template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
+            )
+        except ValueError as error:
+            problem = str(error)
+        if accelerator.num_processes > 1 and settings.external.seed_dataset is not None:
+            external, problem = self._main_process_external_seeds(external, problem)
+        if problem is not None:
+            raise ValueError(problem)
         self.external_seeds = external.table if external is not None else None
         self.external_provenance = external.provenance if external is not None else None
         self.text_cuts = external.text_cuts if external is not None else {}  # rollout id -> where it may be cut
@@ -225,6 +246,34 @@ class SeedStore:
             self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
             self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
 
+    def _main_process_external_seeds(self, external, problem: str | None):
+        """The main process's `seed_dataset` seeds on every rank, and its refusal (None: none).
+
+        Every rank reads `seed_dataset` itself (and the text-seed cache in its own output_dir): on node-local disks a
+        node may lack the dataset, or hold a cache or a copy that gives other seeds. A rank whose seeds differ from the
+        main process's (a digest of the table and the cut positions), or that could not read them, takes the main
+        process's. A collective: every rank calls it, at construction.
+        """
+        main = self.accelerator.is_main_process
+        digest = external_seeds_digest(external) if problem is None else None
+        found = gather_object([(problem, digest)])
+        if found[0][0] is not None:
+            return None, found[0][0]  # the main process's refusal, on every rank
+        differ = [rank for rank, (_, other) in enumerate(found) if other != found[0][1]]
+        if not differ:
+            return external, None
+        sent = broadcast_object_list([external if main else None])[0]
+        if self.accelerator.process_index in differ:
+            rank = self.accelerator.process_index
+            logger.warning(
+                f"Rank {rank} could not read seed_dataset ({problem}); it takes the main process's seeds instead."
+                if problem is not None
+                else f"Rank {rank} read other seeds from seed_dataset than the main process (its own copy or cache "
+                "differs); it takes the main process's instead."
+            )
+            return sent, None
+        return external, None
+
     @property
     def seeds_dir(self) -> Path:
         return self.output_dir / SEEDS_DIR
@@ -241,8 +290,7 @@ class SeedStore:
             for path in remove_stale_temporaries(folders):
                 logger.info(f"Removed {path}, left by a write that did not finish.")
         if checkpoint is not None:
-            resume = self.check_resume(checkpoint)
-            self._check_seed_dataset_unchanged(checkpoint, resume.manifest)
+            resume = self.main_process_resume(checkpoint)
             fill_bank(self.bank, self._read_bank(resume))
             self.bank.mark_snapshotted()
             self.resumed_state = resume.state
@@ -367,6 +415,27 @@ class SeedStore:
         shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
         return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
 
+    def main_process_resume(self, checkpoint: str | os.PathLike) -> Resume:
+        """What the main process's seeds say about resuming from `checkpoint`, on every rank (or its one line).
+
+        Only the main process reads the manifest and the checkpoint pointer: on node-local disks the other nodes may
+        hold no seeds, or a stale copy of another timeline's, so theirs are never consulted.
+        """
+        resume, problem = None, None
+        if self.accelerator.is_main_process:
+            try:
+                resume = self.check_resume(checkpoint)
+                self._check_seed_dataset_unchanged(checkpoint, resume.manifest)
+            except ValueError as error:
+                problem = str(error)
+        if self.accelerator.num_processes > 1:
+            problem, resume = broadcast_object_list([problem, resume])
+        if problem is not None:
+            raise ValueError(problem)
+        if not self.accelerator.is_main_process:  # this rank's own folder, for whatever copies it holds
+            resume.manifest.seeds_dir, resume.checkpoint = self.seeds_dir, Path(checkpoint)
+        return resume
+
     def _check_seed_dataset_unchanged(self, checkpoint, manifest: SeedManifest) -> None:
         """A resumed run's `seed_dataset` must give the bank it gave: a same-tokenizer seed dataset is read afresh
         (text seeds come from the run's cache), so one that gained or lost rows would change the bank."""
@@ -426,19 +495,55 @@ class SeedStore:
             raise ValueError(problem)
 
     def _read_bank(self, resume: Resume) -> pa.Table | None:
-        """The bank columns of a resume's shards, each from a whole copy. The main process checks the checksums and
-        every rank reads what it found whole, so that all ranks take the same copies or stop with the same line."""
-        accelerator = self.accelerator
-        problems = verify_shards(resume.manifest, resume.shards) if accelerator.is_main_process else None
+        """The bank columns of a resume's shards, the main process's on every rank.
+
+        The main process reads each shard from a copy whose checksum matches its manifest (repairing a damaged `.arrow`
+        file from the Parquet shard). Every other rank maps its own `.arrow` file only where that file's SHA-256 is the
+        one the main process vouches for (a shared disk: the same file); a shard it lacks, or holds in another version
+        (node-local disks, a stale copy), is sent by the main process and kept in memory. So every rank holds the main
+        process's bank, and only the main node needs the seed files.
+        """
+        accelerator, main = self.accelerator, self.accelerator.is_main_process
+        tables = None
+        if main:
+            problems = verify_shards(resume.manifest, resume.shards)
+            tables = read_bank_tables(resume.manifest, resume.shards, self.vocab_size, problems, repair=True)
+            if problems:
+                resume.manifest.save()  # a rewritten .arrow file's new checksum
+            self.damaged = set(problems)  # names of the files found missing or damaged: never pushed (main process)
         if accelerator.num_processes > 1:
-            problems = broadcast_object_list([problems])[0]
-        table = read_bank_table(
-            resume.manifest, resume.shards, self.vocab_size, problems, repair=accelerator.is_main_process
-        )
-        if accelerator.is_main_process and problems:
-            resume.manifest.save()  # a rewritten .arrow file's new checksum
-        self.damaged = set(problems or {})  # names of the files found missing or damaged: never pushed
-        return table
+            tables = self._main_process_tables(resume, tables)
+        return pa.concat_tables(tables, promote_options="default") if tables else None
+
+    def _main_process_tables(self, resume: Resume, tables: list[pa.Table] | None) -> list[pa.Table]:
+        """Every rank's copy of the main process's `tables` (one per shard of `resume`): mapped where its own file
+        is the same, sent by the main process where not. A collective: every rank calls it."""
+        main = self.accelerator.is_main_process
+        shards = broadcast_object_list([resume.shards if main else None])[0]  # with a repaired file's new checksum
+        if main:
+            same = [True] * len(shards)
+        else:
+            same = same_bank_files(resume.manifest, shards)
+            tables = [
+                map_bank_file(resume.manifest.resolve(s["bank_file"])) if ok else None for s, ok in zip(shards, same)
+            ]
+            stale = [
+                s["bank_file"]
+                for s, ok in zip(shards, same)
+                if not ok and s.get("bank_file") and resume.manifest.resolve(s["bank_file"]).exists()
+            ]
+            if stale:
+                logger.warning(
+                    f"Rank {self.accelerator.process_index}: {self.seeds_dir} holds {', '.join(stale[:3])} in another "
+                    "version than the main process's (a stale copy?); that rank takes the main process's rows instead."
+                )
+        lacking = [i for i, ok in enumerate(same) if not ok]
+        wanted = sorted({i for rank_lacks in gather_object([lacking]) for i in rank_lacks})
+        for i in wanted:  # one shard at a time: the bytes in flight stay one shard's
+            data = broadcast_object_list([table_bytes(tables[i]) if main else None])[0]
+            if tables[i] is None:
+                tables[i] = table_of_bytes(data)
+        return tables
 
     def queue(self, rollouts: Sequence[PendingRollout | None]) -> list[int]:
         """Queues a batch's local rollouts until the next `flush`; returns each one's row in the queue (-1 for None).
@@ -476,7 +581,7 @@ class SeedStore:
             return None
         self.flush()
         self.check_unchanged()
-        path = None
+        path = bank_checksum = None
         # An empty shard marks a checkpoint without new rollouts; one already written for this step is kept (a step
         # can both reach `snapshot_steps` and save a checkpoint).
         done = self.manifest is not None and any(s["step"] == step for s in self.manifest.shards)
@@ -502,7 +607,7 @@ class SeedStore:
                 for name, value in self.pusher.status().items():
                     if isinstance(value, int):
                         self.metrics.setdefault(f"hub/{name}", []).append(value)
-        self._attach_snapshot(step)
+        self._attach_snapshot(step, bank_checksum)
         return path
 
     def dataset_card(self, shard: Path, dataset_id: str, local: bool):
@@ -516,19 +621,21 @@ class SeedStore:
         card = self.dataset_card(shard, str(self.seeds_dir), local=True)
         atomic_write_bytes(self.seeds_dir / "README.md", str(card).encode())
 
-    def _attach_snapshot(self, step: int) -> None:
+    def _attach_snapshot(self, step: int, checksum: str | None) -> None:
         """Every rank moves the new rollouts' token ids onto the memory-mapped snapshot the main process just wrote.
 
         So the ranks of a node share one copy of every snapshotted token id (the page cache) and keep only per-rollout
-        metadata of their own. A rank that cannot see the file (another node without a shared output_dir) keeps its
-        own copy. Every rank calls this, at every snapshot: the barrier is a collective, and every rank must run the same
-        collectives.
+        metadata of their own. The main process sends the SHA-256 of the bank file it wrote (`checksum`; None when it
+        wrote none), and another rank maps its own file of that name only when it holds those bytes: a rank that
+        cannot see the main process's file (node-local disks), or sees another version of it (a stale copy of another
+        timeline), keeps its own copy in memory. Every rank calls this, at every snapshot: the broadcast is a
+        collective, and every rank must run the same collectives.
         """
         fresh = len(self.bank) - self.bank.num_snapshotted
         if self.accelerator.num_processes > 1:
-            self.accelerator.wait_for_everyone()  # the main process has written the file
+            checksum = broadcast_object_list([checksum])[0]  # sent once the main process has written the file
         path = self.seeds_dir / bank_file_name(step)
-        if fresh and path.exists():
+        if fresh and checksum is not None and (self.accelerator.is_main_process or same_file(path, checksum)):
             self.bank.attach_snapshot(map_bank_file(path))
         self.bank.mark_snapshotted()
 
@@ -546,6 +653,16 @@ class SeedStore:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
         if self.pusher is not None:
             self.pusher.close(timeout=timeout)
+
+
+def external_seeds_digest(external) -> str | None:
+    """A SHA-256 of a `seed_dataset`'s seeds as the bank takes them: their table and the text seeds' cut positions."""
+    if external is None:
+        return None
+    digest = hashlib.sha256(table_bytes(external.table.combine_chunks()))  # however the rows were chunked
+    for rollout_id in sorted(external.text_cuts):
+        digest.update(rollout_id.encode() + b"\0" + np.asarray(external.text_cuts[rollout_id], np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:
@@ -607,6 +724,76 @@ def check_resume_checkpoint(checkpoint: str | os.PathLike, output_dir: str | os.
         f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
         "resume_from_checkpoint unset to start a new run."
     )
+
+
+def resume_checkpoint_on_every_rank(
+    checkpoint: str | os.PathLike | bool | None, output_dir, accelerator
+) -> str | None:
+    """The checkpoint this rank resumes from (`resume_from_checkpoint` as given), checked on every rank at once.
+
+    Every rank loads transformers' part of a checkpoint (weights, optimizer, its RNG state) from its own disk. With
+    True the main process picks its newest complete checkpoint, and every rank takes the folder of that name in its own
+    output_dir. A rank that lacks it or its weights (node-local disks: transformers writes the weights on the main
+    process only, even with `save_on_each_node`), or whose checkpoint is at another step than the main process's, stops
+    every rank with the same line, rather than leave the others waiting in a collective.
+    """
+    several = accelerator.num_processes > 1
+    if checkpoint is True:
+        name = problem = None
+        if accelerator.is_main_process:
+            try:
+                name = Path(last_complete_checkpoint(output_dir)).name
+            except ValueError as error:
+                problem = str(error)
+        if several:
+            name, problem = broadcast_object_list([name, problem])
+        if problem is not None:
+            raise ValueError(problem)
+        checkpoint = str(Path(output_dir) / name)
+    if checkpoint is None or checkpoint is False:
+        return None
+    problem = step = None
+    try:
+        check_resume_checkpoint(checkpoint, output_dir)
+        step = checkpoint_step(checkpoint)
+    except ValueError as error:
+        problem = str(error)
+    if (
+        problem is None
+        and several
+        and accelerator.distributed_type != DistributedType.DEEPSPEED
+        and not has_weights(checkpoint)
+    ):
+        problem = f"{checkpoint} holds no model weights (transformers writes them on the main process only)"
+    if not several:
+        if problem is not None:
+            raise ValueError(problem)
+        return str(checkpoint)
+    found = gather_object([(problem, step, str(checkpoint))])
+    for rank, (problem, step, path) in enumerate(found):
+        if problem is not None and rank == 0:
+            raise ValueError(problem)
+        if problem is not None or step != found[0][1]:
+            why = problem.rstrip(".") if problem is not None else f"{path} is at step {step}"
+            raise ValueError(
+                f"Rank {rank} cannot resume from its checkpoint: {why}, and the main process resumes from "
+                f"{found[0][2]} (step {found[0][1]}). Every rank loads the weights, optimizer and RNG state from its "
+                "own output_dir: with node-local disks, copy the main node's checkpoint folder to the other nodes "
+                "before resuming (the seeds/ folder need not be copied)."
+            )
+    return str(checkpoint)
+
+
+def has_weights(checkpoint: str | os.PathLike) -> bool:
+    """Whether a checkpoint folder holds model weights in a form transformers resumes from (whole or sharded, an
+    adapter, FSDP), in it or in one of its subfolders (several adapters)."""
+    names = (WEIGHTS_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_INDEX_NAME)
+    names += (ADAPTER_WEIGHTS_NAME, ADAPTER_SAFE_WEIGHTS_NAME)
+    folder = Path(checkpoint)
+    for place in [folder, *(p for p in folder.iterdir() if p.is_dir())]:
+        if any((place / name).is_file() for name in names) or FSDP_MODEL_NAME in place.name:
+            return True
+    return any(FSDP_MODEL_NAME in p.name for p in folder.iterdir())
 
 
 class SeedSnapshotCallback(TrainerCallback):

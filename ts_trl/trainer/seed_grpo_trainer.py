@@ -60,8 +60,7 @@ from ..store.seed_store import (
     SeedSnapshotCallback,
     SeedStore,
     StoreSettings,
-    check_resume_checkpoint,
-    last_complete_checkpoint,
+    resume_checkpoint_on_every_rank,
 )
 from ..tiny import save_base_for_adapter
 from .agentic import check_replayable, merged_tool_masks, replay_calls, tool_call_markup_ids
@@ -204,10 +203,11 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self.seed_store.bank
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        if isinstance(resume_from_checkpoint, (str, os.PathLike)):
-            check_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        if resume_from_checkpoint is True:  # transformers would take the newest folder, even one a crash left empty
-            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+        # Checked on every rank at once (each loads the checkpoint from its own disk); True is the main process's
+        # newest complete checkpoint: transformers would take the newest folder, even one a crash left empty.
+        resume_from_checkpoint = resume_checkpoint_on_every_rank(
+            resume_from_checkpoint, self.args.output_dir, self.accelerator
+        )
         try:
             if self.args.seed_method != "none":
                 self.seed_store.start(resume_from_checkpoint or None)
