@@ -104,7 +104,8 @@ def test_node_local_disks_train_and_resume_from_the_main_nodes_seeds(tmp_path):
 
 def test_a_node_holding_a_copy_of_an_abandoned_timeline_trains_on_the_main_processs_seeds(make_trainer, tmp_path):
     """(b) Machine 1's folder is a copy of machine 0's taken before a resume from an earlier checkpoint rewrote
-    steps 2 and 3: its bank files have the same names and rollout ids, other tokens. It must never map them."""
+    steps 2 and 3: its bank files have the same names and rollout ids, other tokens. It must never map them, and its
+    checkpoint of the same step (another timeline's optimizer state) is refused until the main node's is copied."""
     node0, node1 = tmp_path / "node0" / "run", tmp_path / "node1" / "run"
     make_trainer(dataset=tiny_prompts(2), output_dir=str(node0), max_steps=3, save_steps=1).train()
     shutil.copytree(node0, node1)  # the "obvious workaround", taken now: then node 0 moves on
@@ -113,6 +114,12 @@ def test_a_node_holding_a_copy_of_an_abandoned_timeline_trains_on_the_main_proce
     fresh, stale = seed_manifest(node0)["shards"], seed_manifest(node1)["shards"]
     assert [s["bank_sha256"] for s in fresh[1:]] != [s["bank_sha256"] for s in stale[1:]]  # the timelines differ
 
+    # Its checkpoint-3 is of the abandoned timeline too: rank 1 would load that timeline's optimizer state.
+    reports = _two_machines(tmp_path, [node0, node1], "--max_steps", "5", "--resume", "checkpoint-3")
+    refusals = [r.get("refused") for r in reports]
+    assert refusals[0] == refusals[1] and "\n" not in refusals[0], reports
+    assert refusals[0].startswith("Rank 1 cannot resume") and "trainer_state.json differs" in refusals[0]
+    shutil.copytree(node0 / "checkpoint-3", node1 / "checkpoint-3", dirs_exist_ok=True)  # not seeds/
     reports = _two_machines(tmp_path, [node0, node1], "--max_steps", "5", "--resume", "checkpoint-3")
     _assert_same_bank_and_true_prefixes(reports, node0, step=5)
     log = (tmp_path / "machine1.log").read_text()

@@ -752,11 +752,12 @@ def resume_checkpoint_on_every_rank(
         checkpoint = str(Path(output_dir) / name)
     if checkpoint is None or checkpoint is False:
         return None
-    problem = step = None
+    problem = step = state = None
     try:
         check_resume_checkpoint(checkpoint, output_dir)
         step = checkpoint_step(checkpoint)
-    except ValueError as error:
+        state = hashlib.sha256((Path(checkpoint) / TRAINER_STATE_NAME).read_bytes()).hexdigest()
+    except (ValueError, OSError) as error:
         problem = str(error)
     if (
         problem is None
@@ -769,15 +770,20 @@ def resume_checkpoint_on_every_rank(
         if problem is not None:
             raise ValueError(problem)
         return str(checkpoint)
-    found = gather_object([(problem, step, str(checkpoint))])
-    for rank, (problem, step, path) in enumerate(found):
+    found = gather_object([(problem, step, state, str(checkpoint))])
+    for rank, (problem, step, state, path) in enumerate(found):
         if problem is not None and rank == 0:
             raise ValueError(problem)
-        if problem is not None or step != found[0][1]:
-            why = problem.rstrip(".") if problem is not None else f"{path} is at step {step}"
+        if problem is not None or step != found[0][1] or state != found[0][2]:
+            if problem is not None:
+                why = problem.rstrip(".")
+            elif step != found[0][1]:
+                why = f"{path} is at step {step}"
+            else:  # the same step of another timeline (a copy made before a resume from an earlier checkpoint)
+                why = f"{path}/{TRAINER_STATE_NAME} differs from the main process's (a copy from another timeline)"
             raise ValueError(
                 f"Rank {rank} cannot resume from its checkpoint: {why}, and the main process resumes from "
-                f"{found[0][2]} (step {found[0][1]}). Every rank loads the weights, optimizer and RNG state from its "
+                f"{found[0][3]} (step {found[0][1]}). Every rank loads the weights, optimizer and RNG state from its "
                 "own output_dir: with node-local disks, copy the main node's checkpoint folder to the other nodes "
                 "before resuming (the seeds/ folder need not be copied)."
             )
