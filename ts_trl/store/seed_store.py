@@ -756,8 +756,8 @@ def resume_checkpoint_on_every_rank(
     try:
         check_resume_checkpoint(checkpoint, output_dir)
         step = checkpoint_step(checkpoint)
-        state = hashlib.sha256((Path(checkpoint) / TRAINER_STATE_NAME).read_bytes()).hexdigest()
-    except (ValueError, OSError) as error:
+        state = timeline_of(checkpoint)
+    except (ValueError, OSError) as error:  # (a JSONDecodeError is a ValueError)
         problem = str(error)
     if (
         problem is None
@@ -780,7 +780,8 @@ def resume_checkpoint_on_every_rank(
             elif step != found[0][1]:
                 why = f"{path} is at step {step}"
             else:  # the same step of another timeline (a copy made before a resume from an earlier checkpoint)
-                why = f"{path}/{TRAINER_STATE_NAME} differs from the main process's (a copy from another timeline)"
+                why = f"the log history in {path}/{TRAINER_STATE_NAME} differs from the main process's (a copy from "
+                why += "another timeline)"
             raise ValueError(
                 f"Rank {rank} cannot resume from its checkpoint: {why}, and the main process resumes from "
                 f"{found[0][3]} (step {found[0][1]}). Every rank loads the weights, optimizer and RNG state from its "
@@ -788,6 +789,18 @@ def resume_checkpoint_on_every_rank(
                 "before resuming (the seeds/ folder need not be copied)."
             )
     return str(checkpoint)
+
+
+TIMELINE_KEYS = ("step", "epoch", "loss", "grad_norm", "learning_rate")  # logged alike on every rank
+
+
+def timeline_of(checkpoint: str | os.PathLike) -> str:
+    """A digest of a checkpoint's log history, of the values every rank logs alike (the gathered loss, the norm of
+    the all-reduced gradients): two copies of one run agree, whichever node wrote them (`save_on_each_node`); a
+    checkpoint of the same step from another timeline does not. Per-rank values (TRL's `step_time`) are left out."""
+    state = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text())
+    history = [{k: entry[k] for k in TIMELINE_KEYS if k in entry} for entry in state.get("log_history", [])]
+    return hashlib.sha256(json.dumps(history, sort_keys=True).encode()).hexdigest()
 
 
 def has_weights(checkpoint: str | os.PathLike) -> bool:
