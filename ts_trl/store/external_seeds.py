@@ -144,20 +144,8 @@ def read_external_seeds(
     table = read_any(folder, source)
     provenance = {"dataset": settings.seed_dataset, "revision": revision, **_source_model(table)}
     if _is_same_tokenizer_seed_dataset(table, tokenizer_fp):
-        seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), settings.seed_dataset_same_tokenizer)
-        if "prompt" in seeds.column_names and hasattr(train_dataset, "column_names"):
-            # plain values: a conversational prompt's JSON text is parsed only from a str, not an Arrow scalar
-            prompts = seeds.column("prompt").to_pylist()
-            check_prompt_texts(seeds.column("prompt_id").to_pylist(), prompts, train_dataset, source)
-        if template is None and _holds_tool_results(seeds):
-            raise ValueError(
-                f"{source} holds multi-turn rollouts (tool results inside their completion_ids), and this run has no "
-                "tools or environment_factory: a prefix would carry tool results no tool produced here. Seed a run "
-                "with the same tools or environment, or use a single-turn seed dataset."
-            )
+        seeds = _same_tokenizer_seeds(settings, folder, tokenizer, tokenizer_fp, train_dataset, source, template)
         provenance.update(kind="seed dataset", tokenizer=tokenizer_fp, rows=seeds.num_rows)
-        if settings.seed_filter:
-            logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
         return ExternalSeeds(seeds, provenance)
     refuse_text_seed_modes(settings, source)
     multi_turn = template is not None
@@ -176,6 +164,25 @@ def read_external_seeds(
     seeds.provenance = {**provenance, **seeds.provenance, "cache_key": key}
     if main:
         _write_cache(Path(settings.output_dir) / CACHE_DIR, seeds)
+    return seeds
+
+
+def _same_tokenizer_seeds(settings, folder, tokenizer, tokenizer_fp, train_dataset, source, template) -> pa.Table:
+    """A seed dataset this tokenizer wrote, read with its token ids and log-probs, or a one-line refusal: its prompts
+    must be this training set's, and tool results only enter a run that has tools."""
+    seeds = load_seed_table(folder, tokenizer_fp, len(tokenizer), settings.seed_dataset_same_tokenizer)
+    if "prompt" in seeds.column_names and hasattr(train_dataset, "column_names"):
+        # plain values: a conversational prompt's JSON text is parsed only from a str, not an Arrow scalar
+        prompts = seeds.column("prompt").to_pylist()
+        check_prompt_texts(seeds.column("prompt_id").to_pylist(), prompts, train_dataset, source)
+    if template is None and _holds_tool_results(seeds):
+        raise ValueError(
+            f"{source} holds multi-turn rollouts (tool results inside their completion_ids), and this run has no "
+            "tools or environment_factory: a prefix would carry tool results no tool produced here. Seed a run "
+            "with the same tools or environment, or use a single-turn seed dataset."
+        )
+    if settings.seed_filter:
+        logger.warning(f"{source} is this tokenizer's seed dataset: seed_filter applies to text seeds only.")
     return seeds
 
 

@@ -739,17 +739,7 @@ def resume_checkpoint_on_every_rank(
     """
     several = accelerator.num_processes > 1
     if checkpoint is True:
-        name = problem = None
-        if accelerator.is_main_process:
-            try:
-                name = Path(last_complete_checkpoint(output_dir)).name
-            except ValueError as error:
-                problem = str(error)
-        if several:
-            name, problem = broadcast_object_list([name, problem])
-        if problem is not None:
-            raise ValueError(problem)
-        checkpoint = str(Path(output_dir) / name)
+        checkpoint = str(Path(output_dir) / _newest_on_the_main_process(output_dir, accelerator))
     if checkpoint is None or checkpoint is False:
         return None
     problem = step = state = None
@@ -789,6 +779,21 @@ def resume_checkpoint_on_every_rank(
                 "before resuming (the seeds/ folder need not be copied)."
             )
     return str(checkpoint)
+
+
+def _newest_on_the_main_process(output_dir, accelerator) -> str:
+    """The name of the main process's newest complete checkpoint, on every rank (or its one-line refusal)."""
+    name = problem = None
+    if accelerator.is_main_process:
+        try:
+            name = Path(last_complete_checkpoint(output_dir)).name
+        except ValueError as error:
+            problem = str(error)
+    if accelerator.num_processes > 1:
+        name, problem = broadcast_object_list([name, problem])
+    if problem is not None:
+        raise ValueError(problem)
+    return name
 
 
 TIMELINE_KEYS = ("step", "epoch", "loss", "grad_norm", "learning_rate")  # logged alike on every rank
