@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -10,6 +11,12 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the Hub endpoint when online
+
+# A suite started in the background (`bash .ci/run &` without job control) inherits SIGINT ignored, and so would every
+# process the Ctrl-C tests start: a terminal's Ctrl-C never reaches a process that ignores it. A handled signal is
+# reset to its default across exec, so the processes the tests start get Python's own Ctrl-C handling, as in a shell.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from pathlib import Path  # noqa: E402
 
