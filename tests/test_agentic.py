@@ -30,6 +30,18 @@ def agent_config(output_dir, **overrides):
     return SeedGRPOConfig(**settings)
 
 
+def tools_trainer(model, tokenizer, args) -> SeedGRPOTrainer:
+    """The scripted agent's run with the `add` tool, rewarded by `last_digits_even`, on two prompts."""
+    return SeedGRPOTrainer(
+        model,
+        af.last_digits_even,
+        args=args,
+        train_dataset=af.agent_prompts(2),
+        processing_class=tokenizer,
+        tools=[af.add],
+    )
+
+
 def recorded_run(trainer):
     """Trains `trainer`, keeping every generation batch's plan, responses, messages and loss mask."""
     batches = []
@@ -66,14 +78,7 @@ def tools_run(tmp_path_factory):
     tokenizer = af.build_agent_tokenizer()
     model = af.scripted_agent(tokenizer, calls=1)
     args = agent_config(tmp_path_factory.mktemp("tools"))
-    trainer = SeedGRPOTrainer(
-        model,
-        af.last_digits_even,
-        args=args,
-        train_dataset=af.agent_prompts(2),
-        processing_class=tokenizer,
-        tools=[af.add],
-    )
+    trainer = tools_trainer(model, tokenizer, args)
     af.CALLS.clear()
     batches = recorded_run(trainer)
     return {
@@ -214,25 +219,13 @@ def test_rollout_func_and_replay_with_tools_stay_refused(tmp_path):
             rollout_func=lambda prompts, trainer: {},
         )
     with pytest.raises(ValueError, match="seed_method='replay'"):
-        SeedGRPOTrainer(
-            model,
-            af.last_digits_even,
-            args=agent_config(tmp_path, seed_method="replay"),
-            train_dataset=af.agent_prompts(2),
-            processing_class=tokenizer,
-            tools=[af.add],
-        )
+        tools_trainer(model, tokenizer, agent_config(tmp_path, seed_method="replay"))
 
 
 def test_action_mode_trains_prefix_model_tokens_with_their_weight_and_masks_tool_results(tmp_path):
     tokenizer = af.build_agent_tokenizer()
-    trainer = SeedGRPOTrainer(
-        af.scripted_agent(tokenizer, calls=1),
-        af.last_digits_even,
-        args=agent_config(tmp_path, prefix_mode="action"),
-        train_dataset=af.agent_prompts(2),
-        processing_class=tokenizer,
-        tools=[af.add],
+    trainer = tools_trainer(
+        af.scripted_agent(tokenizer, calls=1), tokenizer, agent_config(tmp_path, prefix_mode="action")
     )
     batches = recorded_run(trainer)
     tool_tokens_in_prefixes = 0
@@ -262,14 +255,7 @@ def test_seed_shards_hold_openai_messages_and_resume_rebuilds_the_turns(tools_ru
 
     original = tools_run["trainer"].seed_bank
     tokenizer = tools_run["tokenizer"]
-    resumed = SeedGRPOTrainer(
-        af.scripted_agent(tokenizer, calls=1),
-        af.last_digits_even,
-        args=agent_config(output_dir),
-        train_dataset=af.agent_prompts(2),
-        processing_class=tokenizer,
-        tools=[af.add],
-    )
+    resumed = tools_trainer(af.scripted_agent(tokenizer, calls=1), tokenizer, agent_config(output_dir))
     resumed.seed_store.start(str(output_dir / "checkpoint-2"))
     bank = resumed.seed_bank
     assert len(bank) > 0
@@ -304,14 +290,7 @@ def test_colocate_vllm_seeds_tool_runs(tmp_path, monkeypatch, prefix_mode):
     args = agent_config(
         tmp_path, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=4096, prefix_mode=prefix_mode
     )
-    trainer = SeedGRPOTrainer(
-        af.scripted_agent(tokenizer, calls=1),
-        af.last_digits_even,
-        args=args,
-        train_dataset=af.agent_prompts(2),
-        processing_class=tokenizer,
-        tools=[af.add],
-    )
+    trainer = tools_trainer(af.scripted_agent(tokenizer, calls=1), tokenizer, args)
     batches = recorded_run(trainer)
     rows = list(seeded_rows(batches))
     assert rows
@@ -337,14 +316,7 @@ def test_server_vllm_seeds_tool_runs(tmp_path, monkeypatch):
     try:
         stand_in.pretend_vllm_is_installed(monkeypatch.setattr, stand_in.FakeWeightReceiver(server.received_weights))
         args = agent_config(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.endpoint)
-        trainer = SeedGRPOTrainer(
-            af.scripted_agent(tokenizer, calls=1),
-            af.last_digits_even,
-            args=args,
-            train_dataset=af.agent_prompts(2),
-            processing_class=tokenizer,
-            tools=[af.add],
-        )
+        trainer = tools_trainer(af.scripted_agent(tokenizer, calls=1), tokenizer, args)
         batches = recorded_run(trainer)
     finally:
         server.stop()
@@ -382,14 +354,7 @@ def test_continuous_batching_seeds_tool_runs(tmp_path):
     tokenizer = af.build_agent_tokenizer()
     model = af.scripted_agent(tokenizer, calls=1)
     requests = af.scripted_generate_batch(model, tokenizer)
-    trainer = SeedGRPOTrainer(
-        model,
-        af.last_digits_even,
-        args=agent_config(tmp_path, use_transformers_continuous_batching=True),
-        train_dataset=af.agent_prompts(2),
-        processing_class=tokenizer,
-        tools=[af.add],
-    )
+    trainer = tools_trainer(model, tokenizer, agent_config(tmp_path, use_transformers_continuous_batching=True))
     batches = recorded_run(trainer)
     rows = list(seeded_rows(batches))
     assert rows and any(0 in seed.tool_mask[: cut.k] for _, _, seed, cut in rows)
