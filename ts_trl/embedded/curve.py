@@ -9,7 +9,7 @@ from transformers import Trainer, TrainerCallback
 
 from ts_trl.embedded.agent import AgentTask, agent_pass_at_1
 from ts_trl.embedded.evaluate import pass_at_1
-from ts_trl.embedded.task import embedded_reward
+from ts_trl.embedded.tasks import task_reward
 from ts_trl.trainer.collectives import is_deepspeed
 
 CURVE_PNG, CURVE_CSV = "learning_curve.png", "learning_curve.csv"
@@ -60,7 +60,8 @@ class LearningCurve(TrainerCallback):
         if isinstance(self.task, AgentTask):  # sampled through the task's tool loop
             value = agent_pass_at_1(model, self.tokenizer, self.eval_set, self.task, self.max_new_tokens, **sampling)
         else:
-            value = pass_at_1(model, self.tokenizer, self.eval_set, embedded_reward, self.max_new_tokens, **sampling)
+            reward = task_reward(self.task)
+            value = pass_at_1(model, self.tokenizer, self.eval_set, reward, self.max_new_tokens, **sampling)
         self.points.append((state.global_step, "held_out_pass@1", value))
         if report and self.log is not None:
             self.log({PASS_AT_1_METRIC: value})
@@ -125,7 +126,7 @@ def write_curve(points: list[tuple[int, str, float]], output_dir: Path) -> Path:
             ax.plot([s for s, _ in series], [v for _, v in series], style, label=kind.replace("_", " "), markersize=4)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward / pass@1 (temperature of training)")
-    ax.set_title("Embedded default: held-out pass@1 and training reward", fontsize=10)
+    ax.set_title("Built-in task: held-out pass@1 and training reward", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -28,6 +28,8 @@ def sample_rewards(
 ) -> list[list[float]]:
     """Generates `num_samples` completions per prompt and returns their rewards, one list per prompt.
 
+    A prompt is text, or chat messages that the tokenizer's chat template renders with the assistant's turn opened
+    (then the reward gets each completion as TRL gives a conversational one: a list of one assistant message).
     `temperature=0` decodes greedily (then extra samples are copies). Sampling matches GRPO's (no top-k, no top-p)
     and is deterministic given `seed` and `batch_size`. `reward_fn` gets the completions and, like in TRL, every
     dataset column as a keyword; a `None` reward (cannot score) counts as a failure. `num_threads` is torch's thread
@@ -48,7 +50,7 @@ def sample_rewards(
             torch.manual_seed(seed)
             for start in tqdm(range(0, len(rows), batch_size), desc="evaluating", disable=not progress):
                 batch = rows[start : start + batch_size]
-                inputs = tokenizer([row["prompt"] for row in batch], return_tensors="pt", padding=True)
+                inputs = _tokenize_prompts(tokenizer, [row["prompt"] for row in batch])
                 output = model.generate(
                     **inputs,
                     max_new_tokens=max_new_tokens,
@@ -59,6 +61,8 @@ def sample_rewards(
                 completions = tokenizer.batch_decode(
                     output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
                 )
+                if not isinstance(batch[0]["prompt"], str):
+                    completions = [[{"role": "assistant", "content": text}] for text in completions]
                 columns = {key: [row[key] for row in batch] for key in batch[0] if key != "prompt"}
                 scores = reward_fn(prompts=[row["prompt"] for row in batch], completions=completions, **columns)
                 rewards.extend(0.0 if score is None else float(score) for score in scores)
@@ -66,6 +70,17 @@ def sample_rewards(
         model.train(was_training)
         tokenizer.padding_side = padding_side
     return [rewards[index : index + num_samples] for index in range(0, len(rewards), num_samples)]
+
+
+def _tokenize_prompts(tokenizer, prompts: list):
+    """A left-padded batch of text prompts, or of chat prompts rendered as TRL renders them."""
+    if isinstance(prompts[0], str):
+        return tokenizer(prompts, return_tensors="pt", padding=True)
+    texts = [
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) for messages in prompts
+    ]
+    # The template writes the special tokens itself.
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
 def pass_at_k(rewards: list[list[float]], k: int) -> float:

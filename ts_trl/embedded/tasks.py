@@ -1,5 +1,5 @@
-"""The built-in tasks by name: `add` (the default), `chain` and the agent tasks `calculator` and `register`, with the
-model and budget each is sized for.
+"""The built-in tasks by name: `add` (the default), `chain`, the agent tasks `calculator` and `register`, and
+`chat-add` for a real model, with the model and budget each is sized for.
 
 `--task` on `ts_trl train`, `compare`, `probe-cuts`, `relay` and `positions` looks its name up here, so that every
 command builds the same problems, the same warm model (hence the same warm-up cache) and the same budget.
@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 from ts_trl.embedded.agent import AGENT_TASKS, AgentTask, agent_reward, build_agent_tokenizer
 from ts_trl.embedded.chain import ChainTask, chain_reward
+from ts_trl.embedded.chat_add import ChatAddTask, chat_add_reward
 from ts_trl.embedded.task import EmbeddedTask, embedded_reward
 from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS, build_warm_model
+from ts_trl.smollm2 import SMOLLM2_NAME
 from ts_trl.tiny import build_tokenizer
 
 DEFAULT_TASK = "add"
@@ -31,6 +33,8 @@ class TaskSpec:
     train_defaults: dict = field(default_factory=dict)
     reward: Callable = embedded_reward
     tokenizer: Callable = build_tokenizer  # builds the task's tokenizer (the agent tasks' renders tool calls)
+    # A real model's name (`ts_trl.smollm2`) where the task is sized for one; then there is no tiny model or warm-up.
+    real_model: str | None = None
 
 
 def _agent_spec(name: str) -> TaskSpec:
@@ -82,6 +86,21 @@ TASKS = {
         reward=chain_reward,
     ),
     **{name: _agent_spec(name) for name in AGENT_TASKS},
+    # Chat prompts for a real instruct model (recipes/smollm2-135m_chat-add_lora.yaml): 32 tokens hold a reply.
+    "chat-add": TaskSpec(
+        "chat-add",
+        {},
+        warmup_steps=0,
+        max_completion_length=32,
+        train_defaults={
+            "output_dir": "runs/chat-add",
+            "model_name_or_path": SMOLLM2_NAME,
+            "max_completion_length": 32,
+        },
+        reward=chat_add_reward,
+        tokenizer=None,
+        real_model=SMOLLM2_NAME,
+    ),
 }
 CHAIN_TASKS = ("chain", "chain-strict")
 
@@ -105,6 +124,8 @@ def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_
     """The task `name`; `difficulty` and `min_difficulty` shape the addition and agent tasks (the chain has 4-6
     digits)."""
     task_spec(name)
+    if name == "chat-add":
+        return ChatAddTask(seed=seed)
     if name in CHAIN_TASKS:
         return ChainTask(seed=seed)
     if name in AGENT_TASKS:
@@ -116,9 +137,24 @@ def build_task_model(name: str, task=None, warmup_steps: int | None = None, **wa
     """The warm model and tokenizer of task `name` (warm-up cached), as `build_warm_model` builds the addition's."""
 
     spec = task_spec(name)
+    if spec.real_model is not None:
+        raise ValueError(
+            f"--task {name} trains a real model, not the package's tiny one: pass --model_name_or_path "
+            f"{spec.real_model} (or use its recipe)."
+        )
     steps = spec.warmup_steps if warmup_steps is None else warmup_steps
     task = task or make_task(name)
     return build_warm_model(task, spec.model_kwargs, spec.tokenizer(), steps=steps, **warm_up_kwargs)
+
+
+def task_reward(task) -> Callable:
+    """The reward that scores `task`'s held-out set (the learning curve, the report)."""
+    return chat_add_reward if isinstance(task, ChatAddTask) else embedded_reward
+
+
+def is_real_model_task(task) -> bool:
+    """Whether `task` is sized for a real model (the package's tiny one does not know it)."""
+    return isinstance(task, ChatAddTask)
 
 
 def task_named(argv: list[str], recipe: dict) -> str:

@@ -18,7 +18,10 @@ REWARDS: dict[str, Callable] = {
     "binary_code": get_code_reward(mode="binary"),
 }
 # The built-in task's reward, imported on first use: `ts_trl.embedded` pulls in the tiny model's code.
-LAZY_REWARDS = {"embedded": "ts_trl.embedded.task:embedded_reward"}
+LAZY_REWARDS = {
+    "embedded": "ts_trl.embedded.task:embedded_reward",
+    "chat_add": "ts_trl.embedded.chat_add:chat_add_reward",
+}
 
 
 def _import_callable(path: str) -> Callable:
