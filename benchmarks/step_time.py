@@ -135,6 +135,12 @@ class _GenerateSpy:
         return output
 
 
+def chat_add_reward(completions, **kwargs):
+    """The chat-add task's reward without its answers: 1.0 for a reply with an even last digit (spread on any text)."""
+    texts = [c[-1]["content"] for c in completions]
+    return [float(bool(d := [ch for ch in t if ch.isdigit()]) and int(d[-1]) % 2 == 0) for t in texts]
+
+
 def _variants(quick: bool) -> dict[str, dict]:
     variants = {
         BASELINE: {"trainer": "grpo"},
@@ -152,7 +158,8 @@ def _build(name: str, spec: dict, settings: dict, output_dir: str):
     from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
     from ts_trl.tiny import build_tiny_model, build_tokenizer
 
-    tokenizer = build_tokenizer()
+    real = settings.get("model") == "smollm2"
+    tokenizer = None if real else build_tokenizer()
     common = dict(
         output_dir=f"{output_dir}/{name}",
         per_device_train_batch_size=settings["batch_size"],
@@ -173,13 +180,25 @@ def _build(name: str, spec: dict, settings: dict, output_dir: str):
         trainer_cls = SeedGRPOTrainer
         # Seeds from the previous step on, without waiting for a snapshot (no checkpoints are written here).
         args = SeedGRPOConfig(**common, seed_fraction=spec["seed_fraction"], seed_snapshot_only=False)
-    prompts = [f"Q: {i}+{i + 1}=" for i in range(settings["num_prompts"])]
+    if real:  # SmolLM2-135M-Instruct with the recipe's LoRA adapter, on chat-add's prompts
+        from peft import LoraConfig
+
+        from ts_trl import smollm2_135m_instruct
+        from ts_trl.embedded.chat_add import ChatAddTask
+
+        prompts = ChatAddTask().make_splits(settings["num_prompts"], 1)[0]["prompt"]
+        model, reward = smollm2_135m_instruct(), chat_add_reward
+        extra = {"peft_config": LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")}
+    else:
+        prompts = [f"Q: {i}+{i + 1}=" for i in range(settings["num_prompts"])]
+        model, reward, extra = build_tiny_model(tokenizer), parity_reward, {}
     trainer = trainer_cls(
-        model=build_tiny_model(tokenizer),
-        reward_funcs=parity_reward,
+        model=model,
+        reward_funcs=reward,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tokenizer,
+        **extra,
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
@@ -218,7 +237,9 @@ def train_interleaved(conductor: Conductor, trainers: dict, turns: dict, label: 
     return time.perf_counter() - started
 
 
-def run(quick: bool, output_dir: str) -> dict:
+def run(quick: bool, output_dir: str, model: str = "tiny") -> dict:
+    """Interleaved step times; `model="smollm2"`: SmolLM2-135M-Instruct with LoRA on chat-add's prompts, the recipe's
+    batch and budget, fewer steps (a step takes seconds, not tenths)."""
     settings = dict(
         batch_size=16,  # four prompt groups per step: seeded and plain groups mix at seed_fraction=0.5
         num_generations=4,
@@ -227,6 +248,8 @@ def run(quick: bool, output_dir: str) -> dict:
         warmup_steps=3,
         measured_steps=12 if quick else 30,
     )
+    if model == "smollm2":
+        settings.update(max_completion_length=32, warmup_steps=2, measured_steps=4 if quick else 10, model=model)
     variants = _variants(quick)
     conductor = Conductor(variants, seed=0)
     trainers, turns, spies = {}, {}, {}
@@ -301,7 +324,7 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     with tempfile.TemporaryDirectory() as tmp:
-        out = run(quick="--quick" in sys.argv, output_dir=tmp)
+        out = run(quick="--quick" in sys.argv, output_dir=tmp, model="smollm2" if "--smollm2" in sys.argv else "tiny")
     for r in out["variants"].values():
         r.pop("loss")
     print(json.dumps(out, indent=1))

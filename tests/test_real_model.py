@@ -304,3 +304,28 @@ def test_smollm2_tool_run_seeds_prefixes_holding_a_real_tool_call(smollm2, tmp_p
             holding_call += 1
             assert '"name": "multiply"' in prefix and "42" in prefix.split("<tool_response>", 1)[1]
     assert holding_call, "no seeded prefix held the tool call and its result"
+
+
+def test_the_recipe_trains_and_seeds_smollm2_from_the_command_line(smollm2, tmp_path):
+    """`ts_trl train --config smollm2-135m_chat-add_lora --max_steps 5`, as the README shows it (with a smaller
+    held-out set): LoRA on the chat-add task, seeding from step 4, the embedded default's report, cards and curve."""
+    output_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "ts_trl", "train", "--config", "smollm2-135m_chat-add_lora", "--max_steps", "5",
+         "--embedded_eval_problems", "8", "--output_dir", str(output_dir)],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["steps"] == 5 and report["seeds"]["seeded_group_share"] > 0
+    assert 0 <= report["held_out_pass@1_before"] <= 1 and 0 <= report["held_out_pass@1_after"] <= 1
+    for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "seeds/README.md",
+                 "learning_curve.png", "seeds/manifest.json"):  # fmt: skip
+        assert (output_dir / name).is_file(), name
+    rows = seed_rows(output_dir, by_id=True)
+    seeded = [row for row in rows.values() if row["seed_origin"] is not None]
+    assert seeded and all(
+        row["completion_ids"][: row["prefix_len"]] == rows[row["seed_origin"]]["completion_ids"][: row["prefix_len"]]
+        for row in seeded
+    )
+    assert json.loads(seeded[0]["prompt"])[0]["role"] == "user"  # chat prompts, stored as messages

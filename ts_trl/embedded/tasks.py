@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import yaml
+
 from ts_trl.embedded.agent import AGENT_TASKS, AgentTask, agent_reward, build_agent_tokenizer
 from ts_trl.embedded.chain import ChainTask, chain_reward
 from ts_trl.embedded.chat_add import ChatAddTask, chat_add_reward
 from ts_trl.embedded.task import EmbeddedTask, embedded_reward
 from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS, build_warm_model
+from ts_trl.resources import packaged_file
 from ts_trl.smollm2 import SMOLLM2_NAME
 from ts_trl.tiny import build_tokenizer
 
@@ -35,6 +38,11 @@ class TaskSpec:
     tokenizer: Callable = build_tokenizer  # builds the task's tokenizer (the agent tasks' renders tool calls)
     # A real model's name (`ts_trl.smollm2`) where the task is sized for one; then there is no tiny model or warm-up.
     real_model: str | None = None
+
+
+def recipe_values(name: str) -> dict:
+    """The settings of the shipped recipe `name` (recipes/<name>.yaml)."""
+    return yaml.safe_load(packaged_file("recipes", f"{name}.yaml").read_text())
 
 
 def _agent_spec(name: str) -> TaskSpec:
@@ -92,11 +100,8 @@ TASKS = {
         {},
         warmup_steps=0,
         max_completion_length=32,
-        train_defaults={
-            "output_dir": "runs/chat-add",
-            "model_name_or_path": SMOLLM2_NAME,
-            "max_completion_length": 32,
-        },
+        # `ts_trl train --task chat-add` runs the shipped recipe's settings, model included.
+        train_defaults=recipe_values("smollm2-135m_chat-add_lora"),
         reward=chat_add_reward,
         tokenizer=None,
         real_model=SMOLLM2_NAME,
