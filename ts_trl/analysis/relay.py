@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", default="embedded", help="A .jsonl/.parquet file with prompt and answer, or 'embedded'."
     )
     parser.add_argument(
-        "--task", default="add", help="The built-in task whose held-out set 'embedded' means: add, chain."
+        "--task",
+        default="add",
+        help="The built-in task whose held-out set 'embedded' means: add, chain, chat-add (a real model's).",
     )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(DEFAULT_RATIOS), help="Cut ratios in [0, 1).")
     parser.add_argument("--num_prompts", type=int, default=64, help="Use the first N prompts.")
