@@ -57,6 +57,15 @@ class GroupPlan:
     def any_seeded(self) -> bool:
         return any(c is not None for c in self.cuts)
 
+    @property
+    def multi_turn_rows(self) -> list[int]:
+        """The local rows that continue a multi-turn seed: cut (not replayed) from a rollout with tool turns."""
+        return [
+            i
+            for i, (seed, cut) in enumerate(zip(self.seeds, self.cuts))
+            if cut is not None and not self.replayed[i] and seed.tool_mask is not None
+        ]
+
 
 class CutOutcomes:
     """Pass rates of continuations by prompt, seed outcome and ratio bin, for `cut_selection="target"`.

@@ -145,6 +145,18 @@ def assemble_responses(
     return responses, masks, (sampling if logprobs is not None else None)
 
 
+def without_truncated(
+    completion_ids: Sequence[Sequence[int]], truncated: Sequence[bool], loss_masks: Sequence[Sequence[int]] | None
+) -> list[list[int]]:
+    """The loss masks (None: all 1s) with every truncated row zeroed: TRL's `mask_truncated_completions`, applied
+    through the loss mask rather than `completion_mask`, the attention mask of the forward passes."""
+    masks = loss_masks if loss_masks is not None else [None] * len(completion_ids)
+    return [
+        [0] * len(ids) if cut else (list(mask) if mask is not None else [1] * len(ids))
+        for ids, cut, mask in zip(completion_ids, truncated, masks)
+    ]
+
+
 def prompt_key(row: dict) -> str:
     """The prompt id of a dataset row: its `prompt_id` when it has one, else the prompt's stable hash."""
     return str(row["prompt_id"]) if row.get("prompt_id") is not None else prompt_id_of(prompt_of(row))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
 from .notices import trl_notices_hidden
@@ -294,3 +296,14 @@ class SeedGRPOConfig(GRPOConfig):
                 "seed_trigger='zero_std' chooses which groups to seed, and seed_method='none' seeds none: set "
                 "seed_method='seeds' (or 'replay'), or seed_trigger='fraction'."
             )
+
+
+def default_config(model) -> SeedGRPOConfig:
+    """The config of a trainer given no `args`: GRPOTrainer's drop-in defaults, in `<model name>-ThinkingSeeds`.
+
+    GRPOConfig's bf16 default needs an accelerator; on a machine without one the defaults train on CPU in float32 (as
+    `ts_trl train` does) rather than fail where the user chose nothing.
+    """
+    name = model if isinstance(model, str) else model.config._name_or_path or "model"
+    on_cpu = {} if torch.cuda.is_available() or is_torch_bf16_gpu_available() else {"use_cpu": True, "bf16": False}
+    return SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds", **on_cpu)
