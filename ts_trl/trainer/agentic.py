@@ -129,9 +129,8 @@ class ToolLoopSeeds:
             for i in plan.multi_turn_rows
         }
         seeded_groups = int(plan.global_seeded[::G].sum())
-        mismatched, replayed = set(), 0
+        mismatched = set()
         if t.environments:
-            replayed = sum(len(prefix.tool_calls) for prefix in turns.values())
             mismatched = self._replay(turns, first)
             for i in turns:
                 if (first + i) // G in mismatched:  # undo the partial replay: the row runs plain from the prompt
@@ -139,7 +138,7 @@ class ToolLoopSeeds:
             batch.plan = without_groups(plan, mismatched, G, first)
             turns = {i: prefix for i, prefix in turns.items() if (first + i) // G not in mismatched}
         batch.turns = turns
-        self._log(turns, replayed, len(mismatched), seeded_groups)
+        self._log(turns, len(mismatched), seeded_groups)
 
     def _replay(self, turns: dict[int, PrefixTurns], first: int) -> set[int]:
         """Replays each row's prefix calls in its environment; the global groups where one mismatched, on every rank."""
@@ -162,9 +161,12 @@ class ToolLoopSeeds:
             kwargs = {k: v for k, v in kwargs.items() if k != "environment"}
         t.environments[row].reset(**kwargs)
 
-    def _log(self, turns: dict[int, PrefixTurns], replayed: int, mismatched: int, seeded_groups: int) -> None:
+    def _log(self, turns: dict[int, PrefixTurns], mismatched: int, seeded_groups: int) -> None:
+        """`seeds/prefix_turns_mean`, and with environments `seeds/replay_mismatch_share` and
+        `seeds/replayed_tool_calls_mean`: over the rows still seeded once mismatched groups turned plain."""
         t = self.trainer
         assistant_turns = sum(sum(m["role"] == "assistant" for m in prefix.messages) for prefix in turns.values())
+        replayed = sum(len(prefix.tool_calls) for prefix in turns.values()) if t.environments else 0
         local = torch.tensor([len(turns), assistant_turns, replayed], device=t.accelerator.device)
         totals = t.accelerator.gather(local.reshape(1, 3)).sum(0)
         metrics = t._metrics["train"]
