@@ -17,7 +17,7 @@ from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
 
 from ..resources import packaged_file
 from ..tiny import BASE_MODEL_DIR
-from .format import SEED_COLUMNS, TURN_COLUMNS, SeedManifest, column_type_name
+from .format import SEED_COLUMNS, TURN_COLUMNS, SeedManifest, column_type_name, is_hub_id
 
 MODEL_CARD_TEMPLATE = "model_card.md.j2"
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -104,11 +104,11 @@ def render_model_card(
     that has no Hub id (e.g. "ts_trl's tiny ... model"); `base_subfolder` is where an adapter's base is saved inside
     `repo_ref` when it has no Hub id.
     """
-    hub_base = base_model if _is_hub_id(base_model) else None
+    hub_base = base_model if is_hub_id(base_model) else None
     card_data = ModelCardData(
         base_model=hub_base,
         library_name="peft" if is_peft else "transformers",
-        datasets=[name for name in (dataset_name, (external_seeds or {}).get("dataset")) if _is_hub_id(name)] or None,
+        datasets=[name for name in (dataset_name, (external_seeds or {}).get("dataset")) if is_hub_id(name)] or None,
         tags=list(dict.fromkeys([*TAGS, *tags])),
         pipeline_tag="text-generation",
         model_name=model_name,
@@ -135,7 +135,7 @@ def render_model_card(
         base_subfolder=base_subfolder,
         prefix_mode=seed_config.get("prefix_mode", "state"),
         repo_ref=repo_ref,
-        repo_is_hub_id=_is_hub_id(repo_ref),
+        repo_is_hub_id=is_hub_id(repo_ref),
         example=repr(example),
         example_is_chat=isinstance(example, list),
         max_new_tokens=max_new_tokens,
@@ -336,7 +336,7 @@ def render_dataset_card(
     folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
     steps = sorted(set(steps))
     card_data = DatasetCardData(
-        **license_metadata(license, model if _is_hub_id(model) else None),
+        **license_metadata(license, model if is_hub_id(model) else None),
         pretty_name=f"Thinking Seeds rollouts of {model}",
         size_categories=[_size_category(num_rows)],
         task_categories=["text-generation"],
@@ -409,16 +409,11 @@ def dataset_card_for_shard(
     )
 
 
-def _is_hub_id(name: str | None) -> bool:
-    """Whether `name` reads as a Hub repo id (`org/name`) rather than a local path."""
-    return bool(name) and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not Path(name).exists()
-
-
 def _hub_link(repo_id: str | None, kind: str = "model") -> str | None:
     """A Markdown link to a Hub repo, a local path in backticks, or a description (of a model built in memory)."""
     if not repo_id:
         return None
-    if _is_hub_id(repo_id):
+    if is_hub_id(repo_id):
         prefix = "datasets/" if kind == "dataset" else ""
         return f"[{repo_id}](https://huggingface.co/{prefix}{repo_id})"
     return f"`{repo_id}`" if "/" in repo_id or Path(repo_id).exists() else repo_id

@@ -38,6 +38,7 @@ from .format import (
     atomic_write_json,
     check_text,
     file_sha256,
+    is_hub_id,
     load_seed_table,
     prompt_id_of,
     read_table,
@@ -85,7 +86,7 @@ class ExternalSeedSettings:
 
     seed_dataset: str | None = None
     seed_dataset_revision: str | None = None
-    seed_dataset_same_tokenizer: str = "error"
+    seed_dataset_same_tokenizer: bool = False
     seed_prompt_column: str | None = None
     seed_completion_column: str | None = None
     seed_filter: str | None = None
@@ -100,12 +101,6 @@ class ExternalSeedSettings:
     def of(cls, config) -> ExternalSeedSettings:
         """These fields of `config` (a `SeedGRPOConfig`, or anything with those attributes)."""
         return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
-
-
-def is_hub_id(seed_dataset: str) -> bool:
-    """Whether `seed_dataset` names a Hub dataset ('org/name') rather than a local path."""
-    path = Path(seed_dataset).expanduser()
-    return not path.exists() and seed_dataset.count("/") == 1 and not seed_dataset.startswith((".", "/", "~"))
 
 
 def read_external_seeds(

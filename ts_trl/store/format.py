@@ -821,6 +821,14 @@ def _check_token_ids(ids: pa.ChunkedArray, vocab_size: int, source: str, why: st
         )
 
 
+def is_hub_id(name: str | None) -> bool:
+    """Whether `name` reads as a Hub repo id (`org/name`) rather than a local path: no such path exists, and it is
+    two names of letters, digits, `_`, `.` and `-` (neither starting with `.` or `-`), joined by one slash."""
+    return (
+        bool(name) and re.fullmatch(r"\w[\w.-]*/\w[\w.-]*", name) is not None and not Path(name).expanduser().exists()
+    )
+
+
 def prompt_id_of(prompt: str | list[dict]) -> str:
     """Stable id of a prompt: 16 hex chars of the sha1 of its text, or of its canonical JSON for chat messages."""
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)

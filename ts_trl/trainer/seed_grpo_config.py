@@ -8,13 +8,14 @@ import torch
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
+from ..method.turns import AGENT_CUT_POINTS
 from .notices import trl_notices_hidden
 
-# The config owns every choice; the layers below receive values it has validated (see `ts_trl.method`).
+# The choices of the seeding fields; the layers below receive values validated here. `agent_cut_points`' choices are
+# `method.turns`' own (`AGENT_CUT_POINTS`), as the layer that cuts at them.
 SEED_METHODS = ("none", "seeds", "replay")
 SEED_FILTERS = ("success",)
 PREFIX_MODES = ("state", "action")
-AGENT_CUT_POINTS = ("any", "turns")  # multi-turn seeds: any admissible point, or turn boundaries only
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 CUT_SELECTIONS = ("ratio", "target")
 SEED_TRIGGERS = ("fraction", "zero_std")

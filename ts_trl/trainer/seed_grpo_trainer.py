@@ -345,7 +345,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         values = seed_metrics(plan, total, mask, G, len(self.seed_bank), replay, gather, tool_masks)
         # TRL's frac_reward_zero_std mixes seeded and plain groups: their all-equal shares apart
         values.update(zero_std_shares(total.cpu().numpy(), G, plan.global_seeded, plan.global_replayed))
-        values.update(cut_metrics(plan, success, self.args))
+        target = self.args.target_pass_rate if self.args.cut_selection == "target" else None
+        values.update(cut_metrics(plan, success, target))
         for key, value in values.items():
             self._metrics["train"][key].append(value)
 
