@@ -12,8 +12,11 @@ import pytest
 from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
-from ts_trl.store.cards import render_dataset_card, render_model_card, template_path
-from ts_trl.store.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
+from ts_trl.store.dataset_card import render_dataset_card, template_path
+from ts_trl.store.external_seeds import download_seed_dataset
+from ts_trl.store.hub import PublicRepoError
+from ts_trl.store.seed_store import SeedHubPusher
+from ts_trl.trainer.model_card import render_model_card
 
 REPO_ID = "org/seeds"
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"
@@ -179,7 +182,7 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
     again."""
     from huggingface_hub import HfApi
 
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
 
     shards = write_run(tmp_path / "run", [1, 2, 3, 4])
     with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as before_the_crash:
@@ -263,7 +266,7 @@ def test_a_backlog_compares_lfs_files_by_sha256_and_inline_files_by_blob_id(tmp_
     from huggingface_hub import RepoFile
 
     from tests.hub_server import git_blob_id
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
     from ts_trl.store.hub import _same_file
 
     shard = tmp_path / "step-000001.parquet"

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..method.cutting import SeedSplicer, Splice
 from ..method.planning import GroupPlan
-from ..store.format import Rollout, prompt_id_of
+from ..store.schema import Rollout, prompt_id_of
 from ..store.seed_store import PendingRollout
 from .prefix_forcing import strip_forced
 

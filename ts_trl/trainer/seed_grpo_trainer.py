@@ -49,19 +49,18 @@ from ..method.group_signal import log_zero_std_shares, zero_std_shares
 from ..method.old_tokens import old_token_inputs, weight_old_tokens
 from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages
 from ..store.agent_traces import TurnTemplate
-from ..store.cards import THINKING_SEEDS_CITATION, model_card_for
+from ..store.dataset_card import THINKING_SEEDS_CITATION
+from ..store.external_seeds import ExternalSeedSettings, read_external_seeds_on_every_rank
 from ..store.hub import one_line_hub_errors
-from ..store.seed_store import (
-    SeedSnapshotCallback,
-    SeedStore,
-    StoreSettings,
-    resume_checkpoint_on_every_rank,
-)
+from ..store.resume import resume_checkpoint_on_every_rank
+from ..store.schema import tokenizer_fingerprint
+from ..store.seed_store import SeedSnapshotCallback, SeedStore, StoreSettings
 from ..tiny import save_base_for_adapter
 from .agentic import ToolLoopSeeds, tool_call_markup_ids
 from .backends import SeededBackend, replaced
 from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
+from .model_card import model_card_for
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
 from .seed_batch import (
@@ -149,17 +148,30 @@ class SeedGRPOTrainer(GRPOTrainer):
         )
 
     def _make_seed_store(self) -> SeedStore:
+        """The run's seed store, with the seeds of `seed_dataset` read on every rank (`external_seeds.py`)."""
+        success_reward, tokenizer = self.reward_func_names[self._success_index], self._tokenizer
+        external = read_external_seeds_on_every_rank(
+            ExternalSeedSettings.of(self.args),
+            self.accelerator,
+            tokenizer,
+            tokenizer_fingerprint(tokenizer),
+            self.train_dataset,
+            self.reward_funcs,
+            self.reward_func_names,
+            success_reward,
+            template=self._turn_template(),
+        )
+        settings = StoreSettings.of(self.args, use_vllm=self.use_vllm)
+        metrics = self._metrics["train"]
         return SeedStore(
-            StoreSettings.of(self.args, use_vllm=self.use_vllm),
+            settings,
             self.accelerator,
             self.model,
-            self._tokenizer,
+            tokenizer,
             self.reward_func_names,
-            success_reward=self.reward_func_names[self._success_index],
-            metrics=self._metrics["train"],
-            train_dataset=self.train_dataset,
-            reward_funcs=self.reward_funcs,
-            turn_template=self._turn_template(),
+            success_reward,
+            metrics,
+            external,
         )
 
     def _turn_template(self) -> TurnTemplate | None:
