@@ -228,6 +228,16 @@ def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
         assert "\n" not in str(caught.value)
 
 
+def test_a_rollout_id_that_names_two_traces_is_refused_by_name(make_trainer, tmp_path):
+    dataset = EmbeddedTask().make_splits(4, 1)[0]
+    _, lines = write_traces(tmp_path / "traces.jsonl", dataset)
+    lines = [{**line, "rollout_id": f"row-{min(i, 2)}"} for i, line in enumerate(lines)]  # rows 2, 3, ... share one id
+    (tmp_path / "traces.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(ValueError, match="rollout_id 'row-2' names two traces") as caught:
+        make_trainer(dataset=dataset, reward=embedded_reward, seed_dataset=str(tmp_path / "traces.jsonl"))
+    assert "\n" not in str(caught.value)
+
+
 def test_character_seeds_in_a_word_level_run_are_cut_where_its_tokens_agree(make_trainer, tmp_path):
     """The other direction, without a Hub: the character run's seeds, matched by prompt_id, in a BPE run."""
     from ts_trl.store.format import write_shard
