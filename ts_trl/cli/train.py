@@ -19,7 +19,7 @@ from trl import TrlParser, get_peft_config, get_quantization_config
 
 from ..embedded.cpu import embedded_training_threads, torch_threads
 from ..embedded.curve import LearningCurve
-from ..embedded.tasks import build_task_model, is_real_model_task, make_task
+from ..embedded.tasks import build_task_model, is_real_model_task, make_task, task_reward
 from ..rewards import check_reward_columns, get_reward_funcs
 from ..smollm2 import model_path
 from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
@@ -48,6 +48,7 @@ def learning_curve(script_args, training_args, eval_dataset, task=None):
         temperature=training_args.temperature,
         seed=training_args.seed,
         task=task,
+        reward=task_reward(task),
     )
 
 

@@ -9,7 +9,7 @@ from transformers import Trainer, TrainerCallback
 
 from ts_trl.embedded.agent import AgentTask, agent_pass_at_1
 from ts_trl.embedded.evaluate import pass_at_1
-from ts_trl.embedded.tasks import task_reward
+from ts_trl.embedded.task import embedded_reward
 from ts_trl.trainer.collectives import is_deepspeed
 
 CURVE_PNG, CURVE_CSV = "learning_curve.png", "learning_curve.csv"
@@ -32,9 +32,18 @@ class LearningCurve(TrainerCallback):
     """
 
     def __init__(
-        self, eval_set, every: int, num_samples: int, max_new_tokens: int, temperature: float, seed: int, task=None
+        self,
+        eval_set,
+        every: int,
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        task=None,
+        reward=embedded_reward,
     ):
         self.eval_set, self.every, self.num_samples, self.task = eval_set, every, num_samples, task
+        self.reward = reward  # scores a single-turn task's held-out samples
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.points: list[tuple[int, str, float]] = []
         self.log = None
@@ -60,8 +69,7 @@ class LearningCurve(TrainerCallback):
         if isinstance(self.task, AgentTask):  # sampled through the task's tool loop
             value = agent_pass_at_1(model, self.tokenizer, self.eval_set, self.task, self.max_new_tokens, **sampling)
         else:
-            reward = task_reward(self.task)
-            value = pass_at_1(model, self.tokenizer, self.eval_set, reward, self.max_new_tokens, **sampling)
+            value = pass_at_1(model, self.tokenizer, self.eval_set, self.reward, self.max_new_tokens, **sampling)
         self.points.append((state.global_step, "held_out_pass@1", value))
         if report and self.log is not None:
             self.log({PASS_AT_1_METRIC: value})
