@@ -169,10 +169,12 @@ def test_smollm2_adapter_loads_through_the_model_cards_snippet_and_merges(state_
     trainer, _, output_dir = state_run
     card = (output_dir / "README.md").read_text()
     snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
-    assert "AutoPeftModelForCausalLM" in snippet and str(output_dir) in snippet
+    assert "AutoPeftModelForCausalLM" in snippet and output_dir.name in snippet
     script = tmp_path / "snippet.py"
     script.write_text(snippet)
-    printed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    printed = subprocess.run(  # from the folder that holds the run, as a user who trained there would
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=output_dir.parent
+    )
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert printed.stdout.strip()  # the adapter generated a reply
 
