@@ -479,6 +479,9 @@ def _evaluate(
 
     On the chain tasks, also the shares of samples with a wrong sum line or a recomputation line, and the recovery rate
     P(pass | a wrong line) (`ts_trl.embedded.chain.trace_rates`).
+
+    Long: one checkpoint's evaluation, every figure from the same samples; split, the samples would be passed between
+    helpers.
     """
 
     read, traces, task_reward = [], task in CHAIN_TASKS, task_spec(task).reward

@@ -86,6 +86,8 @@ def to_prompt_dataset(
     for code. A GSM8K-style answer keeps only the text after `####`; an MBPP-style prompt (tests in `test_list`) gets
     its first assert appended, which names the function to write. Other columns are dropped; a `prompt_id` column
     is kept if the dataset has one, else it is the hash of the prompt (`prompt_id_of`).
+
+    Long: one column after another, each refusal next to the condition it names.
     """
     if domain not in ("math", "code"):
         raise ValueError(f"domain must be 'math' or 'code', got {domain!r}")

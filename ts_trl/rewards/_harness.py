@@ -465,6 +465,11 @@ def _start_judge(config, units_fd, verdict_fd, requests, replies):
 
 
 def main():
+    """Runs one sandboxed program as `run_in_sandbox` configured it (`sys.argv[1]`, JSON), and exits with its code.
+
+    Long: the harness's steps in the order isolation needs them (descriptors closed, cgroups joined, keyrings cleared,
+    root built, worker and judge forked, stragglers killed); each depends on the one before.
+    """
     config = json.loads(sys.argv[1])
     units_fd, verdict_fd = config["units_fd"], config["verdict_fd"]
     for fd in (units_fd, verdict_fd):

@@ -322,7 +322,11 @@ def run_in_sandbox(
     isolation: Isolation, program: str, units: list | None = None, stdin: str = "", limits: Limits = Limits()
 ) -> RunResult:
     """Runs `program`, then (tests mode) each `(source, is_test)` unit in the judge; or (stdio mode, `units` None)
-    runs it as `__main__` with `stdin`. Never raises for anything the program does."""
+    runs it as `__main__` with `stdin`. Never raises for anything the program does.
+
+    Long: the run's set-up and tear-down in one place, in the order isolation needs them, so that every descriptor,
+    cgroup and folder opened here is closed on every path.
+    """
     started = time.monotonic()
     uid = _FREE_UIDS.get() if isolation.drop_uid else None
     workdir = tempfile.mkdtemp(prefix="ts_trl_sandbox_")

@@ -425,6 +425,8 @@ def load_seed_table(
     are not integers, log-probs or rewards that are not numbers), a null token id or row, a row whose log-probs do not
     align with its ids, another tokenizer's fingerprint, token ids outside the vocabulary, and rows without a
     tokenizer fingerprint unless `assume_same_tokenizer`.
+
+    Long: one column after another, each refusal next to the condition it names.
     """
     source = f"seed_dataset={str(path)!r}"
     table = read_table(resolve_seed_dataset(path))

@@ -122,6 +122,9 @@ def resume_checkpoint_on_every_rank(
     output_dir. A rank that lacks it or its weights (node-local disks: transformers writes the weights on the main
     process only, even with `save_on_each_node`), or whose checkpoint is at another step than the main process's, stops
     every rank with the same line, rather than leave the others waiting in a collective.
+
+    Long: the main process's choice, its broadcast and every rank's check, around the collectives all ranks must
+    reach.
     """
     several = accelerator.num_processes > 1
     if checkpoint is True:
@@ -216,6 +219,8 @@ def check_resume(
     not be rebuilt exactly, so resuming stops (the shards are still in `seeds/superseded/`, never deleted). Whether
     the files themselves are whole is checked when they are read (`SeedStore.start`). `manifest` is `seeds_dir`'s
     (`format.SeedManifest`, None where it has none); the run's tokenizer and reward functions must be the checkpoint's.
+
+    Long: one check after another, each refusal next to the condition it names.
     """
     checkpoint = Path(checkpoint)
     if manifest is None:

@@ -212,7 +212,11 @@ class SeedStore:
         return self.output_dir / SEEDS_DIR
 
     def start(self, checkpoint: str | os.PathLike | None) -> None:
-        """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered."""
+        """Rebuilds the bank: the given seed dataset, then (on resume) exactly the shards the checkpoint covered.
+
+        Long: the bank's rebuild in the order a resume needs it (stale files cleared, shards checked, read, set
+        aside), around the collectives all ranks must reach.
+        """
         accelerator = self.accelerator
         self.bank = SeedBank(*self.success)
         self.pending, self.unsnapshotted, self.resumed_state, self.damaged = [], [], {}, set()

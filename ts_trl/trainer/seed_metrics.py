@@ -39,6 +39,8 @@ def seed_metrics(
 
     `total_rewards` holds one value per global row; `completion_mask` this rank's rows. `model_masks` (multi-turn
     rollouts: 1 on model tokens, 0 on tool results, per local row) keeps tool results out of the generated tokens.
+
+    Long: one `seeds/*` metric after another, each from the same plan and rewards.
     """
     values: dict[str, float] = {}
     seeded = torch.as_tensor(plan.global_seeded, device=total_rewards.device)
