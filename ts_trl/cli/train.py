@@ -21,6 +21,7 @@ from ..embedded.cpu import embedded_training_threads, torch_threads
 from ..embedded.curve import LearningCurve
 from ..embedded.tasks import build_task_model, make_task
 from ..rewards import check_reward_columns, get_reward_funcs
+from ..trainer.schedule import fewer_prompts_by
 from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
@@ -166,7 +167,9 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     start = time.time()
     embedded = is_embedded_task(script_args)
-    with fail_clearly():
+    # The schedule's advice names the flag that makes this run's prompts fewer.
+    fewer_prompts = "--embedded_train_problems" if embedded else "--max_train_samples"
+    with fail_clearly(), fewer_prompts_by(fewer_prompts):
         task = embedded_task(script_args, training_args.seed) if embedded else None
         trainer, interrupt, held_out = build_trainer(script_args, training_args, model_args, task)
     trainer.accelerator.print(
