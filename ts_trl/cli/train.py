@@ -26,6 +26,7 @@ from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
 from .data import load_training_data
+from .early import missing_settings
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
 from .report import held_out_pass_at_1, logged_held_out_pass_at_1, report_run
@@ -80,10 +81,6 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args, task
         }
         training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
         return model_args.model_name_or_path, None
-    if not is_embedded_task(script_args):
-        raise ConfigError(
-            "--model_name_or_path is required with a dataset (the tiny built-in model only knows the built-in task)."
-        )
     if quantized:
         raise ConfigError(
             "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
@@ -109,8 +106,14 @@ def build_trainer(script_args: SeedScriptArguments, training_args, model_args, t
     Returns the trainer, its Ctrl-C callback and the held-out set of the built-in task (None with a dataset).
     """
     embedded = task is not None
-    if not script_args.reward_funcs and not embedded:
-        raise ConfigError("--reward_funcs is required with a dataset, e.g. --reward_funcs math format.")
+    missing = missing_settings(
+        with_dataset=not embedded,
+        model=model_args.model_name_or_path,
+        reward_funcs=script_args.reward_funcs,
+        dataset_path=script_args.dataset_path,
+    )
+    if missing is not None:  # all of them at once, before anything loads
+        raise ConfigError(missing)
     model, tokenizer = load_model(script_args, training_args, model_args, task)
     train_dataset, eval_dataset = load_training_data(
         script_args, with_eval=not embedded and training_args.eval_strategy != "no", task=task
