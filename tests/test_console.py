@@ -150,6 +150,37 @@ def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_
     assert "Setting accelerator to CPU" not in printed
 
 
+def test_one_step_time_is_counted_the_same_way_on_each_line_the_bar_and_the_last_line(monkeypatch, capsys):
+    """Wall-clock seconds per step (evaluations and checkpoints included) on every line, in the progress bar and in
+    the last line; TRL's training-step time shown beside it is labelled as such."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from ts_trl.cli import console
+
+    clock = iter([100.0, 110.0, 130.0])  # train begins; step 2 logged 10 s later; step 4 20 s after that
+    monkeypatch.setattr(console.time, "perf_counter", lambda: next(clock))
+    args, control = TrainingArguments(output_dir="unused", report_to=[]), TrainerControl()
+    state = TrainerState(max_steps=4, is_world_process_zero=True)
+    printer = console.CompactPrinter()
+    printer.on_train_begin(args, state, control)
+    for step, logs in ((2, {"loss": 0.5, "step_time": 1.25}), (2, {"eval_held_out_pass@1": 0.5}), (4, {"loss": 0.1})):
+        state.global_step = step
+        printer.on_log(args, state, control, logs=logs)
+    printer.on_log(args, state, control, logs={"train_runtime": 30.0, "train_loss": 0.3})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("s/step 5.00 (training 1.25)")  # 10 s over 2 steps, and TRL's step_time labelled
+    assert "s/step" not in lines[1]  # the held-out score of the same step: no steps to time
+    assert lines[2].endswith("s/step 10.00")
+    assert lines[3] == "trained 4 steps in 0.5 min (7.50 s/step, wall clock, evaluations and checkpoints included), " \
+        "mean loss 0.3"  # fmt: skip
+
+    monkeypatch.setattr(console.time, "perf_counter", lambda: 0.0)
+    bar = console.CompactProgress()
+    bar.on_train_begin(args, TrainerState(max_steps=4, is_world_process_zero=True), control)
+    assert bar.training_bar.unit == "step" and bar.training_bar.smoothing == 0  # the mean since the start, in s/step
+    bar.training_bar.close()
+
+
 @pytest.mark.parametrize("omp", [None, "2"])
 def test_the_embedded_default_trains_on_one_torch_thread_unless_omp_num_threads_says(omp, tmp_path, monkeypatch):
     """Beside other work, torch's default threads made the main job several times slower (see ts_trl.embedded.cpu);
