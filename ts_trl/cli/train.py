@@ -11,10 +11,12 @@ overrides them. Recipes and accelerate configs shipped with the package can be n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 
+from transformers.utils import logging as transformers_logging
 from trl import TrlParser, get_peft_config, get_quantization_config
 
 from ..embedded.cpu import embedded_training_threads, torch_threads
@@ -162,6 +164,19 @@ def save_and_push(trainer, script_args, metrics: dict) -> ConnectionError | None
     return None
 
 
+@contextlib.contextmanager
+def no_transformers_bars():
+    """Inside the block, transformers' own progress bars are off: once the model is loaded, they would only add a
+    "Writing model shards" bar per checkpoint under the training bar."""
+    was_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+
+
 def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     """Trains with Thinking Seeds; returns 0, or 130 (Ctrl-C) or 143 (SIGTERM) once the checkpoint of an interrupted run is saved.
 
@@ -178,7 +193,7 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"
     )
-    with torch_threads(embedded_training_threads() if embedded else None):
+    with torch_threads(embedded_training_threads() if embedded else None), no_transformers_bars():
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # The learning curve scored the untrained model at step 0 (a resumed run has it from its checkpoint) and the last
     # step: read here, not sampled again. An interrupted run stops now: the held-out score waits for the resumed run.
@@ -189,7 +204,8 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
         if after is None:
             after = held_out_pass_at_1(trainer, held_out, script_args.embedded_eval_samples, task)
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
-    push_error = save_and_push(trainer, script_args, metrics)
+    with no_transformers_bars():
+        push_error = save_and_push(trainer, script_args, metrics)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)
     trainer.end()
     if interrupt.interrupted:

@@ -248,6 +248,16 @@ def model_name_of(model) -> str:
     return f"a {model.config.model_type} model built in memory ({parameters / 1e6:.2f}M parameters)"
 
 
+def _local_ref(folder: Path) -> str:
+    """How a card's snippet names the folder it is saved in: relative to where the run started when it lies below it
+    (`runs/embedded`), else by its name; never the absolute path, which names this machine's folders and breaks once
+    the folder is copied."""
+    try:
+        return Path(folder).relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return Path(folder).name
+
+
 def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metrics=None) -> ModelCard:
     """The model card of `trainer`'s run, as TRL's `create_model_card` gathers it (base model, tags, tracker links,
     framework versions), rendered from this package's template with what a Hub visitor needs to load and judge it."""
@@ -289,7 +299,7 @@ def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metri
     return render_model_card(
         base_model=None if saved_base else name_or_path,
         model_name=model_name or output_dir.name,
-        repo_ref=trainer.hub_model_id if pushed else str(output_dir),
+        repo_ref=trainer.hub_model_id if pushed else _local_ref(output_dir),
         dataset_name=dataset_name,
         seed_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
         is_peft=is_peft,
