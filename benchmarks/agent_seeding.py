@@ -118,8 +118,8 @@ def _timed(name: str, function):
 
 
 def _install_timers() -> None:
-    """Times the trainer module's state-restore functions by wrapping its names for them (none carries a timer)."""
-    from ts_trl.trainer import seed_grpo_trainer as module
+    """Times the tool-loop seam's state-restore functions by wrapping its names for them (none carries a timer)."""
+    from ts_trl.trainer import agentic as module
 
     for name in TIMED:
         function = getattr(module, name)

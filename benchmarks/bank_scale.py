@@ -47,7 +47,7 @@ def _timed(function, *args):
 
 def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
     """The `size` synthetic rollouts of checkpoint `index` (deterministic, so they can be made again for the shard)."""
-    from ts_trl.store.format import Rollout
+    from ts_trl.store.schema import Rollout
 
     rng = np.random.default_rng(index)
     ids = rng.integers(4, VOCAB, size=(size, tokens), dtype=np.int32)
@@ -73,14 +73,8 @@ def _checkpoint(index: int, size: int, tokens: int, num_prompts: int):
 def build(size: int, tokens: int, checkpoint_rollouts: int, shard_dir: Path) -> dict:
     """Fills a bank of `size` rollouts, then samples from it and writes its snapshots; one process per size."""
     from ts_trl.store.bank import SeedBank
-    from ts_trl.store.format import (
-        SeedManifest,
-        bank_file_name,
-        rollouts_to_table,
-        shard_name,
-        write_bank_file,
-        write_shard,
-    )
+    from ts_trl.store.format import SeedManifest, bank_file_name, shard_name, write_bank_file, write_shard
+    from ts_trl.store.schema import rollouts_to_table
 
     num_prompts = max(size // ROLLOUTS_PER_PROMPT, 1)
     checkpoint_rollouts = min(checkpoint_rollouts, size)
@@ -168,7 +162,8 @@ def resume(shard_dir: Path) -> dict:
     Also times the fallback for shards without a bank file: the bank columns read from the Parquet shards.
     """
     from ts_trl.store.bank import SeedBank
-    from ts_trl.store.format import BANK_COLUMNS, read_bank_table, read_table, verify_shards
+    from ts_trl.store.format import read_bank_table, read_table, verify_shards
+    from ts_trl.store.schema import BANK_COLUMNS
     from ts_trl.store.seed_store import fill_bank
 
     manifest = _manifest(shard_dir)

@@ -25,7 +25,7 @@ from huggingface_hub import CommitOperationAdd, CommitScheduler, HfApi
 mode, endpoint, shard = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 start = time.monotonic()
 if mode == "SeedHubPusher":
-    from ts_trl.store.hub import SeedHubPusher
+    from ts_trl.store.seed_store import SeedHubPusher
 
     pusher = SeedHubPusher("org/seeds", token="hf_fake", endpoint=endpoint, max_retries=0)
     pusher.submit(shard)

@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from ts_trl import SeedGRPOTrainer  # noqa: E402
-from ts_trl.store.format import prompt_id_of  # noqa: E402
+from ts_trl.store.schema import prompt_id_of  # noqa: E402
 from ts_trl.tiny import build_tiny_model, build_tokenizer  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

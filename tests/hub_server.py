@@ -85,6 +85,8 @@ class LocalHub(LoopbackServer):
         self._failure_status = 500
         self._failure_match: str | None = None
         self._stall_until = 0.0
+        self._gate: threading.Event | None = None  # `hold`: requests wait for it
+        self.held: list[bool] = []  # per request `hold` made wait: True when `release` let it go (not the limit)
         self._lock = threading.RLock()
         super().__init__(_make_handler(self), host, port, name="local-hub")
 
@@ -104,15 +106,33 @@ class LocalHub(LoopbackServer):
         with self._lock:
             self._stall_until = time.monotonic() + seconds
 
+    def hold(self, limit: float = 120.0) -> None:
+        """Hold every request from now on until `release` (or, so that a test never hangs, `limit` seconds)."""
+        with self._lock:
+            self._gate, self._hold_limit = threading.Event(), limit
+
+    def release(self) -> None:
+        """Lets the requests `hold` keeps go, and serves the next ones at once."""
+        with self._lock:
+            gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set()
+
     def heal(self) -> None:
+        self.release()
         with self._lock:
             self._failures_left, self._stall_until = 0, 0.0
 
     def _injected_fault(self, path: str) -> int | None:
         with self._lock:
             stall = self._stall_until - time.monotonic()
+            gate, limit = self._gate, getattr(self, "_hold_limit", 0.0)
         if stall > 0:
             time.sleep(stall)
+        if gate is not None:
+            released = gate.wait(limit)
+            with self._lock:
+                self.held.append(released)
         with self._lock:
             if self._failures_left > 0 and (self._failure_match is None or self._failure_match in path):
                 self._failures_left -= 1

@@ -18,7 +18,7 @@ from ts_trl.method.selection import EXTERNAL_STEP
 from ts_trl.method.turns import step_boundaries, turn_ratio_bounds
 from ts_trl.store.bank import SeedBank
 from ts_trl.store.external_seeds import read_traces
-from ts_trl.store.format import Rollout, prompt_id_of, tokenizer_fingerprint
+from ts_trl.store.schema import Rollout, prompt_id_of, tokenizer_fingerprint
 
 
 def call(a, b, arguments=None):

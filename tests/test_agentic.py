@@ -186,6 +186,17 @@ def test_replay_mismatch_drops_the_seed_and_is_counted(tmp_path):
         assert not batch["turns"][i].tool_calls
 
 
+def test_replayed_calls_are_counted_per_row_still_seeded(tmp_path):
+    """`seeds/replayed_tool_calls_mean` is the calls replayed per seeded row: rows whose group mismatched and ran
+    plain are in neither the calls nor the rows. With a drifting environment every seed cut after a call mismatches,
+    so the rows still seeded replayed nothing."""
+    trainer, batches = environment_run(tmp_path, af.Drifting)
+    history = trainer.state.log_history
+    assert max(h.get("seeds/replay_mismatch_share", 0) for h in history) > 0  # calls were replayed, and mismatched
+    means = [h["seeds/replayed_tool_calls_mean"] for h in history if "seeds/replayed_tool_calls_mean" in h]
+    assert means and means == [0.0] * len(means)
+
+
 def test_an_environment_that_cannot_replay_is_refused(tmp_path):
     tokenizer = af.build_agent_tokenizer()
     with pytest.raises(ValueError, match="replayable=False"):

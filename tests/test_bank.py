@@ -6,7 +6,8 @@ import pytest
 
 from tests.conftest import seed_by_id
 from ts_trl import SeedBank
-from ts_trl.store.format import Rollout, map_bank_file, rollouts_to_table, write_bank_file
+from ts_trl.store.format import map_bank_file, write_bank_file
+from ts_trl.store.schema import Rollout, rollouts_to_table
 
 
 def _add(bank, rollout_id, prompt_id, ids, logprobs, reward, step):

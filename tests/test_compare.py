@@ -222,7 +222,7 @@ def test_passrate_selection_steers_groups_toward_half(tmp_path, tokenizer):
     )
     trainer.train()
     rows = seed_rows(args.output_dir, by_id=True)
-    from ts_trl.store.format import prompt_id_of
+    from ts_trl.store.schema import prompt_id_of
 
     hard = {prompt_id_of(p) for p in prompts[0::2]}
     easy = {prompt_id_of(p) for p in prompts[1::2]}
@@ -425,7 +425,8 @@ def test_positions_log_ratios_match_a_hand_computation(seed_run, tmp_path, capsy
 
 def test_positions_rejects_another_tokenizer_and_missing_checkpoint(seed_run, tmp_path, capsys):
     from ts_trl.__main__ import main
-    from ts_trl.store.format import Rollout, rollouts_to_table, write_shard
+    from ts_trl.store.format import write_shard
+    from ts_trl.store.schema import Rollout, rollouts_to_table
 
     (tmp_path / "other").mkdir()
     other = Rollout("o", "p", "Q: 1+2=", "c", [5, 6, 7], [-1.0] * 3, 0.0, 1)

@@ -12,8 +12,11 @@ import pytest
 from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
-from ts_trl.store.cards import render_dataset_card, render_model_card, template_path
-from ts_trl.store.hub import PublicRepoError, SeedHubPusher, download_seed_dataset
+from ts_trl.store.dataset_card import render_dataset_card, template_path
+from ts_trl.store.external_seeds import download_seed_dataset
+from ts_trl.store.hub import PublicRepoError
+from ts_trl.store.seed_store import SeedHubPusher
+from ts_trl.trainer.model_card import render_model_card
 
 REPO_ID = "org/seeds"
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBeLogged0123456789"
@@ -179,7 +182,7 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
     again."""
     from huggingface_hub import HfApi
 
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
 
     shards = write_run(tmp_path / "run", [1, 2, 3, 4])
     with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as before_the_crash:
@@ -263,7 +266,7 @@ def test_a_backlog_compares_lfs_files_by_sha256_and_inline_files_by_blob_id(tmp_
     from huggingface_hub import RepoFile
 
     from tests.hub_server import git_blob_id
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
     from ts_trl.store.hub import _same_file
 
     shard = tmp_path / "step-000001.parquet"
@@ -406,24 +409,42 @@ def test_training_pushes_seeds_and_a_new_run_seeds_from_the_hub(hub, make_traine
 
 
 def test_training_does_not_wait_for_a_stalled_failing_hub(hub, make_trainer, tmp_path):
-    """The Hub stalls 6 s and fails commits: the steps run at the usual speed, and every shard arrives exactly once."""
-    baseline = make_trainer(output_dir=str(tmp_path / "baseline"), max_steps=6, save_steps=2)
-    baseline.train()
-    hub.stall(6.0)
-    hub.fail_next(2, path_contains="/commit/")
+    """The Hub answers nothing while the run trains (and then fails commits): every step and every shard's submit
+    happens with the Hub's requests held, the pusher's queue holds each shard at most once, and every shard arrives
+    exactly once when the Hub comes back at the end of training."""
     pushed = make_trainer(
         output_dir=str(tmp_path / "pushed"), push_seeds_to_hub=True, hub_seed_dataset_id=REPO_ID, max_steps=6,
         save_steps=2,
     )  # fmt: skip
-    pushed.train()  # on_train_end waits (bounded) for the uploads; train_runtime is measured before it
+    store, pusher = pushed.seed_store, pushed.seed_store.pusher
+    queued, submit, finish = [], pusher.submit, store.finish_pushes
 
-    def runtime(trainer):
-        return next(h["train_runtime"] for h in trainer.state.log_history if "train_runtime" in h)
+    def counted_submit(shard, *args, **kwargs):
+        submit(shard, *args, **kwargs)
+        with pusher._lock:  # the shards the pusher holds right after the submit returned
+            queued.append(
+                ([*pusher._queue, *pusher._pending, *filter(None, [pusher._in_flight])], pushed.state.global_step)
+            )
 
-    # Had any checkpoint waited on the stalled Hub, training would be >= 6 s slower; allow for CPU noise only.
-    assert runtime(pushed) < runtime(baseline) + 3.0
+    released_at = []
+
+    def finish_then(*args, **kwargs):  # the end of training: the Hub comes back, then the bounded wait for uploads
+        released_at.append(pushed.state.global_step)
+        hub.release()
+        return finish(*args, **kwargs)
+
+    pusher.submit, store.finish_pushes = counted_submit, finish_then
+    hub.hold()  # from here every request waits, until the end of training releases it (or a limit, on a hang)
+    hub.fail_next(2, path_contains="/commit/")
+    pushed.train()
+
+    assert released_at == [6]  # all six steps ran while the Hub answered nothing
+    assert hub.held and all(hub.held)  # the pusher had sent requests, and none was let go by the hold's limit
+    assert [step for _, step in queued] == [2, 4, 6]  # one submit per checkpoint, each returned while the Hub held
+    for held, _ in queued:  # bounded: the shards not pushed yet, each once
+        assert len(held) == len(set(held)) <= 3
     assert shard_files(hub) == ["data/step-000002.parquet", "data/step-000004.parquet", "data/step-000006.parquet"]
-    status = pushed.seed_store.pusher.status()
+    status = pusher.status()
     assert status["failed_attempts"] == 2 and status["pending"] == 0 and status["pushed"] == 3
     local = rows_of([pq.read_table(p) for p in sorted((tmp_path / "pushed" / "seeds").glob("step-*.parquet"))])
     loaded = datasets.load_dataset(REPO_ID, split="train", cache_dir=str(tmp_path / "datasets-cache"))

@@ -1,5 +1,6 @@
 """The package's layers, read from the code's own imports (docs/architecture.md draws them): no import reaches up a
-floor, no module imports itself through a circle, and an import made inside a function says why (`# lazy:`)."""
+floor, no module imports itself through a circle, the floors stay few (the package's and each subpackage's own), and
+an import made inside a function says why (`# lazy:`)."""
 
 import ast
 from pathlib import Path
@@ -61,6 +62,32 @@ def _floor(module: str) -> tuple[str, int]:
 
 
 MODULES = _modules()
+MOST_FLOORS = 7  # the package, counted from the imports of its rooms (subpackages and top-level modules)
+MOST_FLOORS_INSIDE = {"store": 3}  # a subpackage's own floors, counted from imports among its modules; others: 4
+DEFAULT_FLOORS_INSIDE = 4
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the ts_trl modules it imports at module level (imports inside functions are lazy: left out)."""
+    return {
+        name: {t for t, _, lazy in _imports(name, path) if not lazy and t in MODULES and t != name}
+        for name, path in MODULES.items()
+    }
+
+
+def _floors_of(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's floor: 1 for a node that imports nothing of the graph, else one above the highest it imports."""
+    floors: dict[str, int] = {}
+
+    def floor(node, seen=()):
+        if node not in floors:
+            below = [floor(n, (*seen, node)) for n in graph[node] if n not in seen]
+            floors[node] = 1 + max(below, default=0)
+        return floors[node]
+
+    for node in graph:
+        floor(node)
+    return floors
 
 
 def test_every_module_has_a_floor():
@@ -79,10 +106,7 @@ def test_no_import_reaches_up_a_floor():
 
 
 def test_no_circle_among_module_level_imports():
-    graph = {
-        name: {t for t, _, lazy in _imports(name, path) if not lazy and t in MODULES and t != name}
-        for name, path in MODULES.items()
-    }
+    graph = _module_graph()
     state, circles = {}, []
 
     def walk(node, stack):
@@ -112,3 +136,26 @@ def test_an_import_inside_a_function_says_why():
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and "# lazy:" not in lines[node.lineno - 1]:
                     unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {lines[node.lineno - 1]}")
     assert not unexplained, "\n".join(unexplained)
+
+
+def test_each_subpackage_keeps_few_floors_of_its_own():
+    """Inside a subpackage any import is allowed by the floors above, so its own depth is bounded here: a chain of
+    five modules each importing the next is a house within the house that no picture of the package shows."""
+    graph = _module_graph()
+    too_deep = []
+    for room in {name.split(".")[1] for name in MODULES if name.count(".") >= 2}:
+        inside = {n for n in graph if n.startswith(f"ts_trl.{room}.")}
+        floors = _floors_of({n: graph[n] & inside for n in inside})
+        most = MOST_FLOORS_INSIDE.get(room, DEFAULT_FLOORS_INSIDE)
+        if max(floors.values()) > most:
+            chain = sorted(floors, key=floors.get, reverse=True)
+            too_deep.append(f"ts_trl/{room}/: {max(floors.values())} floors (at most {most}), {chain[0]} on top")
+    assert not too_deep, "\n".join(too_deep)
+
+
+def test_the_package_keeps_seven_floors():
+    rooms: dict[str, set[str]] = {}
+    for name, targets in _module_graph().items():
+        room = _floor(name)[0]
+        rooms.setdefault(room, set()).update(_floor(t)[0] for t in targets if _floor(t)[0] != room)
+    assert max(_floors_of(rooms).values()) <= MOST_FLOORS

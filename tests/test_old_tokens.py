@@ -12,7 +12,8 @@ import torch
 
 from tests.conftest import GradientProbe, seed_by_id, seeded_action_batch, tiny_prompts
 from tests.two_rank_losses import run as run_two_prompt_modes
-from ts_trl.store.format import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.store.format import write_shard
+from ts_trl.store.schema import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import pytest
 
 from ts_trl.method.planning import PASS_RATE_DECAY, CutOutcomes, GroupPlanner, monotone_fit
 from ts_trl.store.bank import SeedBank
-from ts_trl.store.format import Rollout
+from ts_trl.store.schema import Rollout
 
 EOS = 1
 G = 4

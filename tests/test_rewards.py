@@ -11,7 +11,7 @@ from ts_trl.cli.data import to_prompt_dataset
 from ts_trl.rewards import REWARDS, code_reward, format_reward, get_code_reward, get_reward_funcs, math_reward
 from ts_trl.rewards.code import extract_program, split_test_units
 from ts_trl.rewards.math import extract_final_answer
-from ts_trl.store.format import prompt_id_of
+from ts_trl.store.schema import prompt_id_of
 
 # ---------------------------------------------------------------- math
 

@@ -149,7 +149,7 @@ def test_set_asides_in_one_second_keep_every_shard(make_trainer, monkeypatch):
     superseded = Path(trainer.args.output_dir) / "seeds" / "superseded"
     kept = sorted(p for p in superseded.rglob("*.parquet"))
     assert len(kept) == 4  # runs 1 and 2, two shards each: none overwritten
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
 
     assert sorted(map(file_sha256, kept)) == sorted(shards[:4])
 
@@ -249,7 +249,7 @@ def test_a_full_disk_while_writing_a_shard_is_named_in_one_line(make_trainer, sm
     assert "full" in message and str(small_disk / "run" / "seeds") in message
     assert trainer.state.global_step < 200
     manifest = seed_manifest(small_disk / "run")  # what was written before is listed and whole
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
 
     for shard in manifest["shards"]:
         assert file_sha256(small_disk / "run" / "seeds" / shard["file"]) == shard["sha256"]
@@ -284,7 +284,7 @@ def test_a_training_set_with_two_prompts_under_one_prompt_id_is_refused(make_tra
 
 def test_a_shard_the_manifest_does_not_list_is_set_aside_not_overwritten(make_trainer, finished_run):
     seeds = finished_run / "seeds"
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
 
     # A crash after step 3's shard was renamed into place, before the manifest listed it.
     shutil.copy(seeds / "step-000002.parquet", seeds / "step-000003.parquet")
@@ -297,7 +297,7 @@ def test_a_shard_the_manifest_does_not_list_is_set_aside_not_overwritten(make_tr
 
 def test_shards_without_a_manifest_are_set_aside_by_a_new_run(make_trainer, finished_run):
     seeds = finished_run / "seeds"
-    from ts_trl.store.format import file_sha256
+    from ts_trl.store.files import file_sha256
 
     old = {file_sha256(p) for p in seeds.glob("step-*.parquet")}
     (seeds / "manifest.json").unlink()
@@ -654,7 +654,7 @@ def test_an_unreachable_hub_at_start_does_not_stop_the_run_and_the_next_start_pu
     from huggingface_hub import constants as hf_constants
 
     from ts_trl.store import seed_store
-    from ts_trl.store.hub import SeedHubPusher
+    from ts_trl.store.seed_store import SeedHubPusher
 
     monkeypatch.setattr(seed_store, "SeedHubPusher", functools.partial(SeedHubPusher, max_retries=1, backoff=0.05))
     with socket.socket() as probe:  # a port nothing listens on: connections are refused, as with the network down

@@ -11,7 +11,7 @@ from accelerate import Accelerator
 
 from tests.conftest import TARGET_CUTS, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.store.format import Rollout
+from ts_trl.store.schema import Rollout
 from ts_trl.store.seed_store import PendingRollout, SeedStore
 
 

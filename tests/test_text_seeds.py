@@ -10,7 +10,7 @@ from pyarrow import csv
 from tests.conftest import build_word_tokenizer, logged, seed_by_id, seed_manifest, seed_rows
 from ts_trl.embedded import EmbeddedTask, embedded_reward
 from ts_trl.store.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
-from ts_trl.store.format import tokenizer_fingerprint
+from ts_trl.store.schema import tokenizer_fingerprint
 from ts_trl.tiny import build_tokenizer
 
 REPO_ID = "org/seeds"
@@ -230,7 +230,8 @@ def test_text_seeds_refuse_bad_input_in_one_line(make_trainer, tmp_path):
 
 def test_character_seeds_in_a_word_level_run_are_cut_where_its_tokens_agree(make_trainer, tmp_path):
     """The other direction, without a Hub: the character run's seeds, matched by prompt_id, in a BPE run."""
-    from ts_trl.store.format import Rollout, rollouts_to_table, write_shard
+    from ts_trl.store.format import write_shard
+    from ts_trl.store.schema import Rollout, rollouts_to_table
 
     char, word = build_tokenizer(), build_word_tokenizer()
     dataset = EmbeddedTask().make_splits(4, 1)[0]

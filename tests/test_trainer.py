@@ -12,7 +12,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.conftest import seed_by_id, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.store.format import Rollout, rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.store.format import write_shard
+from ts_trl.store.schema import Rollout, rollouts_to_table, tokenizer_fingerprint
 from ts_trl.store.seed_store import PendingRollout
 
 
@@ -310,7 +311,7 @@ def test_seeding_from_another_runs_seed_dataset(make_trainer, tokenizer, tmp_pat
     external = []
     for i in range(4):
         prompt = f"Q: {i}+{i + 1}="
-        from ts_trl.store.format import prompt_id_of
+        from ts_trl.store.schema import prompt_id_of
 
         prompt_ids[prompt] = prompt_id_of(prompt)
         ids = tokenizer(f"{2 * i + 1}")["input_ids"] + [eos, 30, 31]  # an EOS mid-way bounds the cut

@@ -8,7 +8,8 @@ from datasets import Dataset
 
 from tests.conftest import TINY_SETTINGS, count_reward, logged, recomputed_logprobs, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.store.format import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint, write_shard
+from ts_trl.store.format import write_shard
+from ts_trl.store.schema import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint
 from ts_trl.tiny import build_tiny_model
 
 

@@ -47,7 +47,8 @@ def _stand_in_generation(self, prompt_ids, images, multimodal_fields, num_genera
 
 
 def _external_seeds(folder: Path, tokenizer) -> Path:
-    from ts_trl.store.format import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint, write_shard
+    from ts_trl.store.format import write_shard
+    from ts_trl.store.schema import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint
 
     rng = np.random.default_rng(0)
     rollouts = []

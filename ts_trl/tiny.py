@@ -106,7 +106,7 @@ def build_tiny_model(
         model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    # What cards and seed datasets call it: it has no Hub id or path (see `ts_trl.store.cards.model_name_of`).
+    # What cards and seed datasets call it: it has no Hub id or path (see `ts_trl.store.schema.model_name_of`).
     model.ts_trl_description = describe_tiny_model(model, "built in memory")
     return model
 

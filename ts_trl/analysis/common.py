@@ -28,7 +28,8 @@ from transformers import (
 
 from ..embedded.cpu import torch_threads, user_set_threads
 from ..embedded.tasks import make_task, single_turn_only
-from ..store.format import SAMPLING_METADATA_KEY, SEEDS_DIR, SeedManifest, prompt_id_of
+from ..store.format import SEEDS_DIR, SeedManifest
+from ..store.schema import SAMPLING_METADATA_KEY, prompt_id_of
 from ..tiny import load_tokenizer
 
 

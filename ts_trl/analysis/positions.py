@@ -27,8 +27,9 @@ import sys
 import numpy as np
 
 from ..cli.flags import accept_both_spellings
-from ..store.format import load_seed_table, resolve_seed_dataset, tokenizer_fingerprint
-from ..store.seed_store import checkpoint_step
+from ..store.format import load_seed_table, resolve_seed_dataset
+from ..store.resume import checkpoint_step
+from ..store.schema import tokenizer_fingerprint
 from .common import (
     InputError,
     Sampling,

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from ..cli.flags import accept_both_spellings
 from ..method.cutting import boundary_token_ids, choose_cut
 from ..rewards import get_reward_funcs
-from ..store.format import prompt_id_of, tokenizer_fingerprint
+from ..store.schema import prompt_id_of, tokenizer_fingerprint
 from .common import (
     InputError,
     Sampling,

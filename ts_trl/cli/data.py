@@ -9,7 +9,7 @@ from pathlib import Path
 from datasets import Dataset, load_dataset, load_from_disk
 from huggingface_hub import constants
 
-from ..store.format import prompt_id_of
+from ..store.schema import prompt_id_of
 
 MATH_PROMPT_COLUMNS = ("problem", "question", "prompt", "instruction", "query")
 MATH_ANSWER_COLUMNS = ("answer", "final_answer", "gold", "solution")  # a short final answer beats a worked solution

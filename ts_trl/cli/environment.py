@@ -15,7 +15,7 @@ from huggingface_hub import constants, try_to_load_from_cache
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..store.format import SEEDS_DIR, SeedManifest
-from ..store.seed_store import check_resume_checkpoint
+from ..store.resume import check_resume_checkpoint
 from ..trainer.collectives import is_deepspeed
 
 

@@ -57,6 +57,15 @@ class GroupPlan:
     def any_seeded(self) -> bool:
         return any(c is not None for c in self.cuts)
 
+    @property
+    def multi_turn_rows(self) -> list[int]:
+        """The local rows that continue a multi-turn seed: cut (not replayed) from a rollout with tool turns."""
+        return [
+            i
+            for i, (seed, cut) in enumerate(zip(self.seeds, self.cuts))
+            if cut is not None and not self.replayed[i] and seed.tool_mask is not None
+        ]
+
 
 class CutOutcomes:
     """Pass rates of continuations by prompt, seed outcome and ratio bin, for `cut_selection="target"`.
@@ -160,13 +169,13 @@ class PlannerSettings:
 class GroupPlanner:
     """Plans the seeded groups of every generation batch and keeps the pass rates that `passrate` selection reads.
 
-    `args` is a `PlannerSettings`; `budget` is `max_completion_length`;
+    `settings` is a `PlannerSettings`; `budget` is `max_completion_length`;
     `max_positions` is the model's position limit (None: unbounded), which bounds the cuts of long prompts.
     """
 
     def __init__(
         self,
-        args,
+        settings: PlannerSettings,
         num_generations: int,
         budget: int,
         eos_token_ids: Collection[int],
@@ -175,7 +184,7 @@ class GroupPlanner:
         text_cuts: Mapping[str, np.ndarray] | None = None,
         agent_cuts: tuple[Sequence[int] | None, str] | None = None,
     ):
-        self.args = args
+        self.settings = settings
         # Multi-turn runs (tools, environments): (the ids a tool-call markup starts with, `agent_cut_points`). Seeds
         # are then cut only at admissible points of their turns (`turns.py`); a seed without turns is not cut.
         self.agent_cuts = agent_cuts
@@ -194,8 +203,8 @@ class GroupPlanner:
         self._generation_key = (-1, 0)  # (global step, generations at that step)
 
     def _cut_outcomes(self, counts: dict | None = None) -> CutOutcomes:
-        args = self.args
-        return CutOutcomes(args.cut_ratio_min, args.cut_ratio_max, args.target_pass_rate, counts)
+        settings = self.settings
+        return CutOutcomes(settings.cut_ratio_min, settings.cut_ratio_max, settings.target_pass_rate, counts)
 
     def reset(self, state: dict | None = None) -> None:
         """Starts a run: empty statistics, or those a checkpoint kept (`state()`)."""
@@ -220,18 +229,18 @@ class GroupPlanner:
         `first_row` and `local_size` select this rank's rows of the global batch. `prompt_lengths` (tokens, one per
         row) are needed when `max_positions` is set.
         """
-        args, G = self.args, self.num_generations
+        settings, G = self.settings, self.num_generations
         group_keys = list(keys[::G])
         count = self._generation_key[1] + 1 if self._generation_key[0] == step else 0
         self._generation_key = (step, count)
         # A fresh generator per generation, keyed by (seed, step, count): every rank draws the same cuts, and the
         # torch RNG that TRL's sampling uses is never touched (seed_fraction=0 reproduces GRPOTrainer exactly).
-        rng = np.random.default_rng([args.seed, step, count])
-        wanted = rng.random(len(group_keys)) < args.seed_fraction
-        if args.seed_trigger == "zero_std":  # rescue seeding: only prompts whose last plain group taught nothing
+        rng = np.random.default_rng([settings.seed, step, count])
+        wanted = rng.random(len(group_keys)) < settings.seed_fraction
+        if settings.seed_trigger == "zero_std":  # rescue seeding: only prompts whose last plain group taught nothing
             wanted &= np.array([self.last_plain.get(key, 0) != 0 for key in group_keys], dtype=bool)
         candidates = self._sample(bank, group_keys, step, rng)
-        if args.seed_method == "replay":
+        if settings.seed_method == "replay":
             rows = self._plan_replay(bank, group_keys, wanted, candidates, rng, step, first_row, local_size)
         else:
             group_lengths = list(prompt_lengths[::G]) if prompt_lengths is not None else None
@@ -242,15 +251,15 @@ class GroupPlanner:
         """One seed per group as `seed_selection` says. With `seed_trigger="zero_std"`, a successful seed for a prompt
         whose last plain group all failed and a failed one for an all-passed prompt come first, where the bank has
         one; else the `seed_selection` one; else any eligible seed."""
-        args = self.args
-        sample = partial(bank.sample, group_keys, step, rng, min_age=args.seed_min_age)
-        chosen = sample(args.seed_selection, snapshot_only=args.seed_snapshot_only, pass_rates=self.pass_rates)
-        if args.seed_trigger != "zero_std":
+        settings = self.settings
+        sample = partial(bank.sample, group_keys, step, rng, min_age=settings.seed_min_age)
+        chosen = sample(settings.seed_selection, snapshot_only=settings.seed_snapshot_only, pass_rates=self.pass_rates)
+        if settings.seed_trigger != "zero_std":
             return chosen
         rates = {key: 0.0 if equal < 0 else 1.0 for key, equal in self.last_plain.items() if equal}
-        preferred = sample("passrate", snapshot_only=args.seed_snapshot_only, pass_rates=rates)
-        if args.seed_selection != "uniform":
-            anything = sample("uniform", snapshot_only=args.seed_snapshot_only)
+        preferred = sample("passrate", snapshot_only=settings.seed_snapshot_only, pass_rates=rates)
+        if settings.seed_selection != "uniform":
+            anything = sample("uniform", snapshot_only=settings.seed_snapshot_only)
             chosen = [c if c is not None else a for c, a in zip(chosen, anything)]
         return [p if p is not None else c for p, c in zip(preferred, chosen)]
 
@@ -290,18 +299,18 @@ class GroupPlanner:
         )
 
     def _cut(self, seed: Seed, key: str, rng: np.random.Generator, budget: int) -> Cut | None:
-        args, ids = self.args, seed.completion_ids
-        low, high = args.cut_ratio_min, args.cut_ratio_max
+        settings, ids = self.settings, seed.completion_ids
+        low, high = settings.cut_ratio_min, settings.cut_ratio_max
         if self.agent_cuts is not None:
             if seed.tool_mask is None:
                 return None  # a seed with no recorded turns cannot be restored in a multi-turn run
             admissible = self.turn_cuts(seed.rollout_id, ids, seed.tool_mask, budget)
-            if args.cut_selection == "target":
+            if settings.cut_selection == "target":
                 bounds = turn_ratio_bounds(seed.tool_mask, admissible, budget, low, high)
                 chosen = self.cut_outcomes.choose(key, self._passed(seed), self.pass_rates.get(key), bounds)
                 low, high = chosen or (low, high)
             return draw_turn_cut(seed.tool_mask, rng, low, high, admissible, budget)
-        if args.cut_selection == "target":
+        if settings.cut_selection == "target":
             bounds = admissible_ratios(ids, self.eos_token_ids, budget, low, high)
             chosen = self.cut_outcomes.choose(key, self._passed(seed), self.pass_rates.get(key), bounds)
             low, high = chosen or (low, high)
@@ -321,7 +330,7 @@ class GroupPlanner:
         return admissible
 
     def _passed(self, seed: Seed) -> bool:
-        return bool(seed.reward > self.args.success_threshold)
+        return bool(seed.reward > self.settings.success_threshold)
 
     def _cut_budget(self, prompt_length: int | None) -> int:
         """The budget a cut must leave: generation runs up to `budget` tokens past `prompt + k` whatever the row's
@@ -337,9 +346,9 @@ class GroupPlanner:
         fields then carry it through splicing, the importance weights, the metrics and the token counts, with nothing
         left to generate. The slots are drawn with replacement, like the seeds.
         """
-        args, G = self.args, self.num_generations
+        settings, G = self.settings, self.num_generations
         draws = [first_candidates] + [
-            self._sample(bank, group_keys, step, rng) for _ in range(args.replay_per_group - 1)
+            self._sample(bank, group_keys, step, rng) for _ in range(settings.replay_per_group - 1)
         ]
         seeds: list[Seed | None] = [None] * (len(group_keys) * G)
         for g, want in enumerate(wanted):
@@ -347,7 +356,7 @@ class GroupPlanner:
             if not want or any(d is None for d in group_draws):
                 continue
             for slot, seed in enumerate(group_draws):
-                seeds[g * G + G - args.replay_per_group + slot] = seed
+                seeds[g * G + G - settings.replay_per_group + slot] = seed
         cuts = [Cut(k=min(len(s.completion_ids), self.budget), ratio=1.0) if s else None for s in seeds]
         rows = slice(first_row, first_row + local_size)
         replayed = np.array([s is not None for s in seeds])
@@ -378,9 +387,9 @@ class GroupPlanner:
                 scored = rewards[rows][plain[rows]]
                 if np.isfinite(scored).any():
                     _decay_into(self.reward_means, key, float(np.nanmean(scored)))
-        if self.args.seed_trigger == "zero_std":
+        if self.settings.seed_trigger == "zero_std":
             self._observe_plain_groups(plan, rewards, passed, plain)
-        if self.args.cut_selection == "target":
+        if self.settings.cut_selection == "target":
             for g, (ratio, seed_passed) in enumerate(zip(plan.group_cut_ratios, plan.group_seed_passed)):
                 if ratio is not None:
                     passes = float(passed[g * G : (g + 1) * G].sum())

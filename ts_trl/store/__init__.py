@@ -1,6 +1,8 @@
-"""The seed store: the bank of earlier rollouts, the seed dataset's format on disk, snapshots, resume, the Hub and cards.
+"""The seed store: the bank of earlier rollouts, the seed dataset on disk, snapshots, resume, `seed_dataset`, the Hub.
 
 Owns every file a run writes under `<output_dir>/seeds` and what it reads back (its own shards and a `seed_dataset`),
-the in-memory `SeedBank`, background pushes to the Hub, and the model and dataset cards. Imports `ts_trl.method`
-only; the trainer hands it small settings types, never the whole config.
+the in-memory `SeedBank`, background pushes to the Hub and the seed dataset's card, on three floors: `files`,
+`schema`, `lock`, `resume` and `agent_traces` import nothing of the store; `format`, `bank`, `hub` and
+`dataset_card` only those; `seed_store` and `external_seeds` put them together. Imports `ts_trl.method` only; the
+trainer hands it small settings types, never the whole config nor itself.
 """

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..method.selection import EXTERNAL_STEP, Seed, draw_seeds
-from .format import BANK_COLUMNS, Rollout
+from .schema import BANK_COLUMNS, Rollout
 
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8

@@ -10,7 +10,9 @@ only the traces this run's success reward scores as successful are kept.
 
 The result is computed once at construction and cached in `<output_dir>/external_seeds/` (the bank columns, the cut
 positions and where the seeds came from), so a resumed run reads back exactly the same seeds without recomputing.
-The one format owner stays `format.py`; this module only turns foreign data into rows of its schema.
+A Hub id is downloaded first (`download_seed_dataset`). The format stays `format.py`'s and `schema.py`'s; this module
+only turns foreign data into rows of that schema. The trainer reads the seeds on every rank at once
+(`read_external_seeds_on_every_rank`) and hands them to the seed store.
 """
 
 from __future__ import annotations
@@ -29,25 +31,32 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+from accelerate.utils import broadcast_object_list, gather_object
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from tqdm.auto import tqdm
 
 from .agent_traces import TurnTemplate, agent_trajectory, trajectory_text, turn_text_cuts
+from .files import atomic_write_json, file_sha256, is_hub_id
 from .format import (
     SEEDS_DIR,
     SeedManifest,
-    atomic_write_json,
     check_text,
-    file_sha256,
     load_seed_table,
-    prompt_id_of,
     read_table,
     resolve_seed_dataset,
+    table_bytes,
     write_shard,
 )
-from .hub import download_seed_dataset
+from .hub import CARD_FILE, DATA_DIR, hub_endpoint
+from .schema import prompt_id_of
 
 logger = logging.getLogger(__name__)
 
+# What a seed dataset repo holds; anything else in it (scripts, other data) is not fetched.
+SEED_DATASET_PATTERNS = [f"{DATA_DIR}/*.parquet", CARD_FILE]
+# What is fetched of a `seed_dataset` that may be any dataset of traces (a ts_trl seed dataset included).
+TRACE_DATASET_PATTERNS = ["*.parquet", "*.jsonl", "*.json", "*.csv", CARD_FILE]
 CACHE_DIR = "external_seeds"  # in output_dir: the text seeds a run computed, read back on resume
 CACHE_TABLE = "seeds.parquet"
 CACHE_PROVENANCE = "provenance.json"
@@ -85,7 +94,7 @@ class ExternalSeedSettings:
 
     seed_dataset: str | None = None
     seed_dataset_revision: str | None = None
-    seed_dataset_same_tokenizer: str = "error"
+    seed_dataset_same_tokenizer: bool = False
     seed_prompt_column: str | None = None
     seed_completion_column: str | None = None
     seed_filter: str | None = None
@@ -100,12 +109,6 @@ class ExternalSeedSettings:
     def of(cls, config) -> ExternalSeedSettings:
         """These fields of `config` (a `SeedGRPOConfig`, or anything with those attributes)."""
         return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
-
-
-def is_hub_id(seed_dataset: str) -> bool:
-    """Whether `seed_dataset` names a Hub dataset ('org/name') rather than a local path."""
-    path = Path(seed_dataset).expanduser()
-    return not path.exists() and seed_dataset.count("/") == 1 and not seed_dataset.startswith((".", "/", "~"))
 
 
 def read_external_seeds(
@@ -167,6 +170,69 @@ def read_external_seeds(
     return seeds
 
 
+def read_external_seeds_on_every_rank(
+    settings: ExternalSeedSettings,
+    accelerator,
+    tokenizer,
+    tokenizer_fp: str,
+    train_dataset=None,
+    reward_funcs=(),
+    reward_names=(),
+    success_reward: str | None = None,
+    template: TurnTemplate | None = None,
+) -> ExternalSeeds | None:
+    """`read_external_seeds` on every rank, each ending with the main process's seeds, or its one-line refusal.
+
+    Every rank reads `seed_dataset` itself (and the text-seed cache in its own output_dir): on node-local disks a
+    node may lack the dataset, or hold a cache or a copy that gives other seeds. A rank whose seeds differ from the
+    main process's (a digest of the table and the cut positions), or that could not read them, takes the main
+    process's. A collective: every rank calls it, at the trainer's construction.
+    """
+    problem = external = None
+    try:
+        external = read_external_seeds(
+            settings,
+            tokenizer,
+            tokenizer_fp,
+            train_dataset,
+            reward_funcs,
+            list(reward_names),
+            success_reward,
+            main=accelerator.is_main_process,
+            template=template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
+        )
+    except ValueError as error:
+        problem = str(error)
+    if accelerator.num_processes > 1 and settings.seed_dataset is not None:
+        external, problem = _main_process_seeds(accelerator, external, problem)
+    if problem is not None:
+        raise ValueError(problem)
+    return external
+
+
+def _main_process_seeds(accelerator, external: ExternalSeeds | None, problem: str | None):
+    """The main process's seeds and refusal (None: none) on every rank; see `read_external_seeds_on_every_rank`."""
+    main = accelerator.is_main_process
+    digest = external_seeds_digest(external) if problem is None else None
+    found = gather_object([(problem, digest)])
+    if found[0][0] is not None:
+        return None, found[0][0]  # the main process's refusal, on every rank
+    differ = [rank for rank, (_, other) in enumerate(found) if other != found[0][1]]
+    if not differ:
+        return external, None
+    sent = broadcast_object_list([external if main else None])[0]
+    if accelerator.process_index in differ:
+        rank = accelerator.process_index
+        logger.warning(
+            f"Rank {rank} could not read seed_dataset ({problem}); it takes the main process's seeds instead."
+            if problem is not None
+            else f"Rank {rank} read other seeds from seed_dataset than the main process (its own copy or cache "
+            "differs); it takes the main process's instead."
+        )
+        return sent, None
+    return external, None
+
+
 def _same_tokenizer_seeds(settings, folder, tokenizer, tokenizer_fp, train_dataset, source, template) -> pa.Table:
     """A seed dataset this tokenizer wrote, read with its token ids and log-probs, or a one-line refusal: its prompts
     must be this training set's, and tool results only enter a run that has tools."""
@@ -211,6 +277,57 @@ def _local_copy(seed_dataset: str, revision: str | None) -> tuple[Path, str | No
 
     folder = download_seed_dataset(seed_dataset, revision=revision, traces=True)
     return folder, folder.name  # the Hugging Face cache names a snapshot folder by its commit
+
+
+def download_seed_dataset(
+    repo_id: str,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | None = None,
+    traces: bool = False,
+) -> Path:
+    """Fetches the shards and card of a seed dataset repo into the Hugging Face cache; returns the local folder.
+
+    The shards are under `<folder>/data/`; a folder that is already cached is used without network access, so this
+    also works with `HF_HUB_OFFLINE=1` once the dataset was downloaded. With `traces`, the repo may be any dataset
+    of traces: its Parquet, JSON, JSONL and CSV files are fetched, wherever they are. The folder's name is the commit.
+    """
+    try:
+        folder = snapshot_download(
+            repo_id,
+            repo_type="dataset",
+            revision=revision,
+            allow_patterns=TRACE_DATASET_PATTERNS if traces else SEED_DATASET_PATTERNS,
+            cache_dir=cache_dir,
+            token=token,
+        )
+    except RepositoryNotFoundError as error:
+        raise FileNotFoundError(
+            f"The Hub has no dataset repo {repo_id!r} that this token can read ({hub_endpoint()}). Check the id "
+            "('org/name' of a seed dataset), log in with `hf auth login` if it is private, or pass a local path."
+        ) from error
+    except RevisionNotFoundError as error:
+        raise FileNotFoundError(
+            f"The seed dataset {repo_id!r} has no revision {revision!r}; pass an existing branch, tag or commit."
+        ) from error
+    except LocalEntryNotFoundError as error:
+        if constants.is_offline_mode():
+            raise FileNotFoundError(
+                f"The seed dataset {repo_id!r} is not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
+                "downloading it. Run once with network access (unset HF_HUB_OFFLINE) to cache it, or pass a local "
+                "path (a run's output_dir or its seeds/ folder) as seed_dataset."
+            ) from error
+        raise ConnectionError(
+            f"Could not download the seed dataset {repo_id!r} from {hub_endpoint()}, and it is not in the cache: "
+            f"{error}. Check the network, or pass a local path as seed_dataset."
+        ) from error
+    folder = Path(folder)
+    if not traces and not any((folder / DATA_DIR).glob("*.parquet")):
+        raise ValueError(
+            f"The dataset repo {repo_id!r} holds no {DATA_DIR}/*.parquet shards, so it is not a seed dataset written "
+            "by ts_trl. Pass the repo a SeedHubPusher pushed to, or a local seed folder."
+        )
+    return folder
 
 
 def read_any(path: Path, source: str) -> pa.Table:
@@ -713,3 +830,13 @@ def _read_cache(folder: Path, key: str, source: str) -> ExternalSeeds | None:
 def _write_cache(folder: Path, seeds: ExternalSeeds) -> None:
     checksum = write_shard(seeds.table, folder / CACHE_TABLE)
     atomic_write_json(folder / CACHE_PROVENANCE, {**seeds.provenance, CACHE_CHECKSUM: checksum})
+
+
+def external_seeds_digest(external) -> str | None:
+    """A SHA-256 of a `seed_dataset`'s seeds as the bank takes them: their table and the text seeds' cut positions."""
+    if external is None:
+        return None
+    digest = hashlib.sha256(table_bytes(external.table.combine_chunks()))  # however the rows were chunked
+    for rollout_id in sorted(external.text_cuts):
+        digest.update(rollout_id.encode() + b"\0" + np.asarray(external.text_cuts[rollout_id], np.int64).tobytes())
+    return digest.hexdigest()

@@ -1,5 +1,5 @@
-"""The seed dataset on disk, in one place: its schema, the manifest with a checksum of every file, atomic writes, and
-reading with the checks that a damaged, malformed or foreign dataset must pass. See docs/seed-dataset.md.
+"""The seed dataset on disk: the manifest with a checksum of every file, and writing and reading shards and bank files
+with the checks that a damaged, malformed or foreign dataset must pass. See docs/seed-dataset.md.
 
 Layout of a run's output directory::
 
@@ -7,33 +7,29 @@ Layout of a run's output directory::
     seeds/step-000100.parquet           the rollouts generated since the previous snapshot, one row each
     seeds/bank/step-000100.arrow        the same rows' bank columns, uncompressed Arrow IPC, for memory-mapping
 
-Every file is written to a temporary `.<name>.tmp-<pid>` beside it, flushed and renamed, and the manifest is replaced
-the same way after its shard, so a crash at any moment leaves either the previous or the new snapshot, never a torn
-one. The Parquet shard is the seed dataset (what the Hub and `load_dataset` read); its `.arrow` twin is a local copy
-of the columns the bank reads, so that a damaged copy of either can be recovered from the other.
+Every file is written atomically (`files.atomic_write`), and the manifest is replaced after its shard, so a crash at
+any moment leaves either the previous or the new snapshot, never a torn one. The Parquet shard is the seed dataset
+(what the Hub and `load_dataset` read); its `.arrow` twin is a local copy of the columns the bank reads, so that a
+damaged copy of either can be recovered from the other. The columns themselves are `schema.py`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from .files import atomic_write, atomic_write_json, file_sha256, hub_cache_blobs, same_file, set_aside_folder
+from .schema import BANK_COLUMNS, bank_columns
 
 logger = logging.getLogger(__name__)
 
@@ -43,133 +39,6 @@ MANIFEST = "manifest.json"
 BANK_DIR = "bank"
 MANIFEST_FORMAT = 2  # 2: every shard entry carries `sha256` and `bank_sha256`; 1 (no checksums) is still read
 MANIFEST_KEYS = ("format", "run_id", "model", "tokenizer", "shards", "external")  # others are kept as they are
-SAMPLING_METADATA_KEY = b"ts_trl.sampling"  # a shard's Parquet metadata: how its rollouts were sampled (JSON)
-TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")  # `atomic_write`'s temporary files: `.<name>.tmp-<pid>`
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One generated response, as written to the seed dataset (one Parquet row)."""
-
-    rollout_id: str
-    prompt_id: str
-    prompt: str
-    completion: str
-    completion_ids: Sequence[int]
-    logprobs: Sequence[float]
-    reward: float
-    step: int
-    prefix_len: int = 0
-    seed_origin: str | None = None
-    rewards: dict[str, float] = field(default_factory=dict)  # per reward function
-    tool_mask: Sequence[int] | None = None  # multi-turn rollouts: 1 on model tokens, 0 on tool results (TRL's)
-
-
-class SeedColumn(NamedTuple):
-    name: str
-    type: pa.DataType
-    meaning: str
-    nullable: bool = False
-
-
-# The columns of a seed dataset, in shard order; `reward_<name>` columns (float32, one per reward function) go
-# after `reward`.
-SEED_COLUMNS = (
-    SeedColumn("rollout_id", pa.string(), "Unique id of the rollout."),
-    SeedColumn("prompt_id", pa.string(), "Stable id of the prompt (a hash of it unless the training set had one)."),
-    SeedColumn(
-        "prompt",
-        pa.string(),
-        "The prompt; JSON text of the messages for conversational prompts, or of the row for rows whose environment "
-        "makes the prompt.",
-    ),
-    SeedColumn("completion", pa.string(), "The decoded response: seed prefix (if any), then the generated tokens."),
-    SeedColumn("completion_ids", pa.list_(pa.int32()), "Token ids of the response."),
-    SeedColumn("logprobs", pa.list_(pa.float32()), "Per-token log-probs of the policy that produced each token."),
-    SeedColumn("reward", pa.float32(), "Total reward of the whole response.", nullable=True),
-    SeedColumn("step", pa.int32(), "Training step at which the rollout was generated."),
-    SeedColumn(
-        "checkpoint", pa.string(), "The checkpoint folder whose snapshot holds the row, e.g. `checkpoint-100`."
-    ),
-    SeedColumn("prefix_len", pa.int32(), "Number of leading tokens copied from a seed (0: from the prompt alone)."),
-    SeedColumn("seed_origin", pa.string(), "`rollout_id` of the seed the prefix was cut from.", nullable=True),
-    SeedColumn("model", pa.string(), "The model that was trained."),
-    SeedColumn("tokenizer", pa.string(), "Fingerprint of the tokenizer's vocabulary."),
-)
-BANK_COLUMNS = ("rollout_id", "prompt_id", "completion_ids", "logprobs", "reward", "step")  # what the bank reads
-
-
-def column_type_name(column: SeedColumn) -> str:
-    """How a dataset card shows a column's type: `list<int32>`, `string (nullable)`."""
-    name = str(column.type).replace("item: ", "")
-    return f"{name} (nullable)" if column.nullable else name
-
-
-# Multi-turn rollouts (tools, environments) add two columns after these: TRL's tool mask and the OpenAI-style messages.
-TOOL_CALL_TYPE = pa.struct(
-    [("type", pa.string()), ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))]
-)
-MESSAGE_TYPE = pa.struct(
-    [("role", pa.string()), ("content", pa.string()), ("name", pa.string()), ("tool_calls", pa.list_(TOOL_CALL_TYPE))]
-)
-TURN_COLUMNS = (
-    SeedColumn(
-        "tool_mask",
-        pa.list_(pa.int8()),
-        "Multi-turn rollouts: per token of `completion_ids`, 1 for the model's tokens, 0 for tool results.",
-        nullable=True,
-    ),
-    SeedColumn(
-        "messages",
-        pa.list_(MESSAGE_TYPE),
-        "Multi-turn rollouts: the response as OpenAI-style messages (assistant turns with `tool_calls`, whose "
-        "`arguments` are JSON text, and `tool` results).",
-        nullable=True,
-    ),
-)
-
-
-def openai_messages(completion: str) -> list[dict]:
-    """A multi-turn completion (JSON of TRL's messages) as rows of `MESSAGE_TYPE`."""
-    rows = []
-    for message in json.loads(completion):
-        calls = [
-            {
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": json.dumps(call["function"].get("arguments", {})),
-                },
-            }
-            for call in message.get("tool_calls") or []
-        ]
-        content = message.get("content")
-        rows.append(
-            {
-                "role": message["role"],
-                "content": content if isinstance(content, str) or content is None else json.dumps(content),
-                "name": message.get("name"),
-                "tool_calls": calls or None,
-            }
-        )
-    return rows
-
-
-def seed_schema(reward_names: Sequence[str]) -> pa.Schema:
-    """The Arrow schema of a run's shards, with one `reward_<name>` column per reward function."""
-    fields = []
-    for column in SEED_COLUMNS:
-        fields.append(pa.field(column.name, column.type))
-        if column.name == "reward":
-            fields += [pa.field(f"reward_{name}", pa.float32()) for name in reward_names]
-    return pa.schema(fields)
-
-
-def bank_columns(names: Sequence[str]) -> list[str]:
-    """The columns of a table the bank reads: its own and the per-function rewards (one may be the success reward),
-    and for multi-turn rollouts their tool mask and completion (the recorded messages that a replay needs)."""
-    turns = ("tool_mask", "completion") if "tool_mask" in names else ()
-    return [n for n in names if n in BANK_COLUMNS or n.startswith("reward_") or n in turns]
 
 
 def shard_name(step: int) -> str:
@@ -180,118 +49,8 @@ def bank_file_name(step: int) -> str:
     return f"{BANK_DIR}/step-{step:06d}.arrow"
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A short hash of the vocabulary (token -> id), equal for tokenizers that map text to the same ids."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Writing
-
-
-def rollouts_to_table(
-    rollouts: Sequence[Rollout],
-    checkpoint: str,
-    model: str,
-    tokenizer: str,
-    reward_names: Sequence[str],
-    sampling: dict | None = None,
-) -> pa.Table:
-    """The seed-dataset rows of `rollouts`, with list columns built from flat arrays (no per-token Python objects).
-
-    `sampling` (see `snapshots.sampling_settings`) goes into the table's metadata.
-    """
-    lengths = np.fromiter((len(r.completion_ids) for r in rollouts), dtype=np.int32, count=len(rollouts))
-    offsets = np.zeros(len(rollouts) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat_ids = np.concatenate([np.asarray(r.completion_ids, np.int32) for r in rollouts] or [np.zeros(0, np.int32)])
-    flat_logps = np.concatenate([np.asarray(r.logprobs, np.float32) for r in rollouts] or [np.zeros(0, np.float32)])
-    columns = {
-        "rollout_id": [r.rollout_id for r in rollouts],
-        "prompt_id": [r.prompt_id for r in rollouts],
-        "prompt": [r.prompt for r in rollouts],
-        "completion": [r.completion for r in rollouts],
-        "completion_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
-        "logprobs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_logps)),
-        "reward": [r.reward for r in rollouts],
-        **{f"reward_{name}": [r.rewards.get(name) for r in rollouts] for name in reward_names},
-        "step": [r.step for r in rollouts],
-        "checkpoint": [checkpoint] * len(rollouts),
-        "prefix_len": [r.prefix_len for r in rollouts],
-        "seed_origin": [r.seed_origin for r in rollouts],
-        "model": [model] * len(rollouts),
-        "tokenizer": [tokenizer] * len(rollouts),
-    }
-    schema = seed_schema(reward_names)
-    if any(r.tool_mask is not None for r in rollouts):
-        columns["tool_mask"] = [None if r.tool_mask is None else [int(x) for x in r.tool_mask] for r in rollouts]
-        columns["messages"] = [None if r.tool_mask is None else openai_messages(r.completion) for r in rollouts]
-        for column in TURN_COLUMNS:
-            schema = schema.append(pa.field(column.name, column.type))
-    table = pa.table([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
-    return with_sampling_metadata(table, sampling)
-
-
-def with_sampling_metadata(table: pa.Table, sampling: dict | None) -> pa.Table:
-    """`table` carrying `sampling` in its Parquet metadata; unchanged when None."""
-    if not sampling:
-        return table
-    return table.replace_schema_metadata({SAMPLING_METADATA_KEY: json.dumps(sampling, sort_keys=True).encode()})
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> str:
-    """Has `write(temporary)` write the file, then flushes it, renames it to `path` and returns its SHA-256.
-
-    Readers never see a partial file: a crash leaves the previous `path` (or none) and at most a temporary file,
-    which `remove_stale_temporaries` clears at the next start. The checksum is of the bytes on disk, read back from
-    the page cache before the rename.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(temporary)
-        with open(temporary, "rb") as f:
-            os.fsync(f.fileno())
-        checksum = file_sha256(temporary)
-        os.replace(temporary, path)
-    except BaseException as error:
-        with contextlib.suppress(OSError):  # the cleanup's own failure (a read-only disk) must not hide the cause
-            temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise _write_error(path, error) from None
-        raise
-    with contextlib.suppress(OSError):  # the rename itself survives a power cut once the folder is flushed
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    return checksum
-
-
-def _write_error(path: Path, error: OSError) -> OSError:
-    """One line naming the file that could not be written, and why; the file's previous version is untouched."""
-    code = error.errno  # pyarrow's writers set it too
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        why = "the disk is full (or over quota)"
-        fix = f"Free space on the disk of {path.parent}, then resume from the last checkpoint"
-    else:
-        why = " ".join(str(error).split())
-        fix = "Fix the folder, then resume from the last checkpoint"
-    return OSError(
-        code,
-        f"Cannot write {path}: {why}. The files written before it are whole and listed in the manifest. {fix}.",
-    )
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
-    return atomic_write(path, lambda temporary: Path(temporary).write_bytes(data))
-
-
-def atomic_write_json(path: str | os.PathLike, payload: dict) -> str:
-    return atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
 def write_shard(table: pa.Table, path: str | os.PathLike) -> str:
@@ -314,51 +73,8 @@ def write_bank_file(table: pa.Table, path: str | os.PathLike) -> str:
     return atomic_write(path, write)
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def remove_stale_temporaries(folders: Sequence[str | os.PathLike]) -> list[Path]:
-    """Deletes the temporary files that a killed writer left in `folders` (those of processes no longer alive).
-
-    A temporary file of a live process is left alone: it may be a write in progress. This process's own are stale
-    when it calls this (it writes nothing meanwhile), so a run that crashed and restarted in one process clears them.
-    """
-    removed = []
-    for folder in map(Path, folders):
-        for path in folder.glob(".*.tmp-*") if folder.is_dir() else ():
-            match = TEMPORARY.match(path.name)
-            if match and path.is_file() and not _is_other_live_process(int(match.group(1))):
-                path.unlink(missing_ok=True)
-                removed.append(path)
-    return removed
-
-
-def _is_other_live_process(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The manifest
-
-
-def hub_cache_blobs(folder: Path) -> Path | None:
-    """The `blobs/` folder of the Hugging Face cache repo whose snapshot holds `folder`, if it lies in one: the cache
-    stores a snapshot's files as symbolic links into it, so a downloaded seeds folder's files lead there."""
-    parts = Path(folder).absolute().parts
-    for i in range(len(parts) - 2, 0, -1):
-        if parts[i] == "snapshots" and parts[i - 1].startswith(("datasets--", "models--")):
-            return (Path(*parts[:i]) / "blobs").resolve()
-    return None
 
 
 class SeedManifest:
@@ -486,21 +202,6 @@ class SeedManifest:
         return [s["file"] for s in later]
 
 
-def set_aside_folder(root: Path) -> Path:
-    """A new folder under `root` named by the time to the second, suffixed `-2`, `-3`... when that name is taken:
-    two set-asides in one second must not overwrite each other's files."""
-    root.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for attempt in range(1, 10_000):
-        target = root / (stamp if attempt == 1 else f"{stamp}-{attempt}")
-        try:
-            target.mkdir()
-        except FileExistsError:
-            continue
-        return target
-    raise FileExistsError(f"{root} holds 9999 folders named {stamp}*; move some away.")
-
-
 def set_aside_unlisted(seeds_dir: str | os.PathLike, listed: set[str]) -> list[str]:
     """Moves the shards and bank files in `seeds_dir` that `listed` (the manifest's names) lacks to `superseded/`.
 
@@ -589,11 +290,6 @@ def same_bank_files(manifest: SeedManifest, shards: Sequence[dict]) -> list[bool
     names = [(s.get("bank_file"), s.get("bank_sha256")) for s in shards]
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         return list(pool.map(lambda item: None not in item and same_file(manifest.resolve(item[0]), item[1]), names))
-
-
-def same_file(path: Path, checksum: str) -> bool:
-    """Whether `path` is a file whose SHA-256 is `checksum`."""
-    return path.is_file() and file_sha256(path) == checksum
 
 
 def table_bytes(table: pa.Table) -> bytes:
@@ -819,9 +515,3 @@ def _check_token_ids(ids: pa.ChunkedArray, vocab_size: int, source: str, why: st
             f"{source} holds token ids outside this tokenizer's vocabulary (size {vocab_size}; found {low}..{high}): "
             f"{why}"
         )
-
-
-def prompt_id_of(prompt: str | list[dict]) -> str:
-    """Stable id of a prompt: 16 hex chars of the sha1 of its text, or of its canonical JSON for chat messages."""
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""Publishing seed shards to a Hub dataset repo in the background, and fetching a published seed dataset."""
+"""Pushing shards to a Hub dataset repo in the background (`ShardPusher`), and one-line Hub errors."""
 
 from __future__ import annotations
 
@@ -20,20 +20,16 @@ from huggingface_hub import (
     RepoFile,
     constants,
     get_token,
-    snapshot_download,
 )
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
     HFValidationError,
-    LocalEntryNotFoundError,
     RepositoryNotFoundError,
-    RevisionNotFoundError,
 )
 from huggingface_hub.utils import validate_repo_id
 
-from .cards import dataset_card_for_shard
-from .format import file_sha256
+from .files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +38,14 @@ CARD_FILE = "README.md"
 # Where shards the run's manifest does not list are moved in the repo: outside `data/`, so the card's `configs:`
 # (`data/*.parquet`) and `load_dataset` never read them, yet kept in the repo, as `seeds/superseded/` keeps them on disk.
 SUPERSEDED_DIR = "superseded"
-# What a seed dataset repo holds; anything else in it (scripts, other data) is not fetched.
-SEED_DATASET_PATTERNS = [f"{DATA_DIR}/*.parquet", CARD_FILE]
-# What is fetched of a `seed_dataset` that may be any dataset of traces (a ts_trl seed dataset included).
-TRACE_DATASET_PATTERNS = ["*.parquet", "*.jsonl", "*.json", "*.csv", CARD_FILE]
 # The Hub is busy, down or behind a proxy that timed out: worth trying again. Other 4xx answers (bad token, no write
 # access, invalid repo) fail the same way on every attempt, so they end the retries at once.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 PATHS_PER_REQUEST = 100  # paths asked about in one `get_paths_info` call when comparing a backlog with the repo
 
 
-class SeedHubPusher:
-    """Uploads seed shards to a Hub dataset repo from a background thread, so that training never waits on the network.
+class ShardPusher:
+    """Uploads shards to a Hub dataset repo from a background thread, so that training never waits on the network.
 
     The thread is this class's own rather than huggingface_hub's: `HfApi.run_as_future` runs uploads on an executor
     thread that the interpreter joins at exit, so a stalled upload would hold the end of a run until the request ends;
@@ -83,7 +75,9 @@ class SeedHubPusher:
         backoff: seconds before the first retry; doubled at each retry, up to `max_backoff`.
         max_backoff: the longest wait between two attempts, in seconds.
         endpoint: the Hub URL; defaults to `HF_ENDPOINT` (https://huggingface.co).
-        license: license written in the dataset card when the card is rendered here.
+
+    The card pushed with a shard is the last `card_text` handed over; while none was, `card_for(shard)` (None here:
+    the shard goes alone; `seed_store.SeedHubPusher` renders the seed dataset's card).
     """
 
     def __init__(
@@ -95,18 +89,19 @@ class SeedHubPusher:
         backoff: float = 1.0,
         max_backoff: float = 30.0,
         endpoint: str | None = None,
-        license: str | None = None,
     ):
         try:
             validate_repo_id(repo_id)
         except HFValidationError as error:
-            raise ValueError(f"SeedHubPusher got an invalid repo_id {repo_id!r}: {error} Use 'org/name'.") from None
+            raise ValueError(
+                f"{type(self).__name__} got an invalid repo_id {repo_id!r}: {error} Use 'org/name'."
+            ) from None
         if max_retries < 0 or backoff < 0 or max_backoff < 0:
             raise ValueError(
-                f"SeedHubPusher needs max_retries, backoff and max_backoff >= 0, got {max_retries}, {backoff}, "
+                f"{type(self).__name__} needs max_retries, backoff and max_backoff >= 0, got {max_retries}, {backoff}, "
                 f"{max_backoff}."
             )
-        self.repo_id, self.private, self.license = repo_id, private, license
+        self.repo_id, self.private = repo_id, private
         self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
         self._api = HfApi(endpoint=endpoint, token=token)
         # Kept only to scrub it from messages: the client's errors should never hold it, but a log line must not rely
@@ -135,9 +130,9 @@ class SeedHubPusher:
         self._worker: threading.Thread | None = None
 
     def __repr__(self) -> str:
-        return f"SeedHubPusher(repo_id={self.repo_id!r}, endpoint={self._api.endpoint!r})"
+        return f"{type(self).__name__}(repo_id={self.repo_id!r}, endpoint={self._api.endpoint!r})"
 
-    def __enter__(self) -> SeedHubPusher:
+    def __enter__(self) -> ShardPusher:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -173,17 +168,16 @@ class SeedHubPusher:
     def submit(self, shard_path: str | Path, card_text: str | None = None) -> None:
         """Queues `shard_path` for upload and returns at once; shards whose earlier push failed are queued again first.
 
-        `card_text` replaces the dataset card from this push on; while none was ever given, the card is rendered from
-        the `manifest.json` next to the shard.
+        `card_text` replaces the dataset card from this push on; while none was ever given, the card is `card_for`'s.
         """
         shard = Path(shard_path).resolve()
         if not shard.is_file():
             raise FileNotFoundError(
-                f"SeedHubPusher.submit got {shard}, which is not a file; pass a written seed shard."
+                f"{type(self).__name__}.submit got {shard}, which is not a file; pass a written seed shard."
             )
         with self._lock:
             if self._closing:
-                raise RuntimeError(f"{self!r} is closed; create a new SeedHubPusher to push more shards.")
+                raise RuntimeError(f"{self!r} is closed; create a new {type(self).__name__} to push more shards.")
             if card_text is not None:
                 self._card_text = card_text
             self._retry_failed()
@@ -218,12 +212,12 @@ class SeedHubPusher:
             shard = Path(path).resolve()
             if not shard.is_file():
                 raise FileNotFoundError(
-                    f"SeedHubPusher.submit_backlog got {shard}, which is not a file; pass the written seed shards."
+                    f"{type(self).__name__}.submit_backlog got {shard}, which is not a file; pass the written seed shards."
                 )
             backlog[shard] = sha256
         with self._lock:
             if self._closing:
-                raise RuntimeError(f"{self!r} is closed; create a new SeedHubPusher to push more shards.")
+                raise RuntimeError(f"{self!r} is closed; create a new {type(self).__name__} to push more shards.")
             if card_text is not None:
                 self._card_text = card_text
             self._backlog.update(backlog)
@@ -499,14 +493,17 @@ class SeedHubPusher:
         with self._lock:
             card_text = self._card_text
         if card_text is None:
-            card_text = str(dataset_card_for_shard(shard, self.repo_id, license=self.license))
-        operations = [
-            CommitOperationAdd(path_in_repo=f"{DATA_DIR}/{shard.name}", path_or_fileobj=str(shard)),
-            CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card_text.encode()),
-        ]
+            card_text = self.card_for(shard)
+        operations = [CommitOperationAdd(path_in_repo=f"{DATA_DIR}/{shard.name}", path_or_fileobj=str(shard))]
+        if card_text is not None:
+            operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card_text.encode()))
         self._api.create_commit(
             self.repo_id, operations, commit_message=f"Add seed shard {shard.name}", repo_type="dataset"
         )
+
+    def card_for(self, shard: Path) -> str | None:
+        """The dataset card pushed with `shard` while no `card_text` was handed over (None: the shard alone)."""
+        return None
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "<token>") if self._secret else text
@@ -527,7 +524,7 @@ def one_line_hub_errors(action: str, fix: str):
         if isinstance(error, HubUnreachableError):
             raise
         reason = " ".join(f"{type(error).__name__}: {error}".split())
-        raise HubUnreachableError(f"Could not {action} on the Hub at {_endpoint()} ({reason}). {fix}") from None
+        raise HubUnreachableError(f"Could not {action} on the Hub at {hub_endpoint()} ({reason}). {fix}") from None
 
 
 class PublicRepoError(ValueError):
@@ -555,56 +552,5 @@ def _is_retryable(error: Exception) -> bool:
     return isinstance(error, (httpx2.TransportError, ConnectionError, TimeoutError, OSError))
 
 
-def download_seed_dataset(
-    repo_id: str,
-    revision: str | None = None,
-    cache_dir: str | Path | None = None,
-    token: str | None = None,
-    traces: bool = False,
-) -> Path:
-    """Fetches the shards and card of a seed dataset repo into the Hugging Face cache; returns the local folder.
-
-    The shards are under `<folder>/data/`; a folder that is already cached is used without network access, so this
-    also works with `HF_HUB_OFFLINE=1` once the dataset was downloaded. With `traces`, the repo may be any dataset
-    of traces: its Parquet, JSON, JSONL and CSV files are fetched, wherever they are. The folder's name is the commit.
-    """
-    try:
-        folder = snapshot_download(
-            repo_id,
-            repo_type="dataset",
-            revision=revision,
-            allow_patterns=TRACE_DATASET_PATTERNS if traces else SEED_DATASET_PATTERNS,
-            cache_dir=cache_dir,
-            token=token,
-        )
-    except RepositoryNotFoundError as error:
-        raise FileNotFoundError(
-            f"The Hub has no dataset repo {repo_id!r} that this token can read ({_endpoint()}). Check the id "
-            "('org/name' of a seed dataset), log in with `hf auth login` if it is private, or pass a local path."
-        ) from error
-    except RevisionNotFoundError as error:
-        raise FileNotFoundError(
-            f"The seed dataset {repo_id!r} has no revision {revision!r}; pass an existing branch, tag or commit."
-        ) from error
-    except LocalEntryNotFoundError as error:
-        if constants.is_offline_mode():
-            raise FileNotFoundError(
-                f"The seed dataset {repo_id!r} is not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
-                "downloading it. Run once with network access (unset HF_HUB_OFFLINE) to cache it, or pass a local "
-                "path (a run's output_dir or its seeds/ folder) as seed_dataset."
-            ) from error
-        raise ConnectionError(
-            f"Could not download the seed dataset {repo_id!r} from {_endpoint()}, and it is not in the cache: "
-            f"{error}. Check the network, or pass a local path as seed_dataset."
-        ) from error
-    folder = Path(folder)
-    if not traces and not any((folder / DATA_DIR).glob("*.parquet")):
-        raise ValueError(
-            f"The dataset repo {repo_id!r} holds no {DATA_DIR}/*.parquet shards, so it is not a seed dataset written "
-            "by ts_trl. Pass the repo a SeedHubPusher pushed to, or a local seed folder."
-        )
-    return folder
-
-
-def _endpoint() -> str:
+def hub_endpoint() -> str:
     return constants.ENDPOINT

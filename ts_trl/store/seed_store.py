@@ -1,18 +1,14 @@
 """The seed store: a run's bank and what it persists (run id, shards, checkpoint pointers, Hub pushes), and resume.
 
-The on-disk format (schema, manifest, checksums, atomic writes, reading) is `seed_data`'s. A checkpoint folder knows
-the shards its bank held::
-
-    checkpoint-100/seed_snapshot.json   run id, step, the manifest entries of the shards up to step 100, planner state
+It puts the floors below together: the bank (`bank.py`), the files on disk (`schema.py`, `format.py`, `files.py`),
+the checks of a resume (`resume.py`), the dataset card (`dataset_card.py`) and the background pushes (`hub.py`). The
+seeds of a `seed_dataset` are read by `external_seeds.py` and handed over at construction.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,54 +16,36 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from accelerate.utils import DistributedType, broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
-from transformers.trainer import FSDP_MODEL_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.utils import (
-    ADAPTER_SAFE_WEIGHTS_NAME,
-    ADAPTER_WEIGHTS_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-)
 
 from .bank import SeedBank
-from .cards import dataset_card_for_shard, model_name_of
-from .external_seeds import ExternalSeedSettings, read_external_seeds
+from .dataset_card import dataset_card_for_shard
+from .files import atomic_write_bytes, atomic_write_json, remove_stale_temporaries, same_file
 from .format import (
     BANK_DIR,
     SEEDS_DIR,
-    Rollout,
     SeedManifest,
-    atomic_write_bytes,
-    atomic_write_json,
     bank_file_name,
     map_bank_file,
     read_bank_tables,
-    remove_stale_temporaries,
-    rollouts_to_table,
     same_bank_files,
-    same_file,
     set_aside_unlisted,
     shard_name,
     table_bytes,
     table_of_bytes,
-    tokenizer_fingerprint,
     verify_shards,
-    with_sampling_metadata,
     write_bank_file,
     write_shard,
 )
-from .hub import SeedHubPusher
+from .hub import ShardPusher
 from .lock import OutputDirLock
+from .resume import CHECKPOINT_POINTER, Resume, check_resume, check_seed_dataset_unchanged
+from .schema import Rollout, model_name_of, rollouts_to_table, tokenizer_fingerprint, with_sampling_metadata
 
 logger = logging.getLogger(__name__)
 HUB_CLOSE_TIMEOUT = 600.0  # seconds the end of training waits for seed uploads before reporting what is left
-CHECKPOINT_POINTER = "seed_snapshot.json"
-SHARD_IDENTITY = ("file", "step", "rows", "sha256")  # what a checkpoint pointer and the manifest must agree on
 
 
 @dataclass(frozen=True)
@@ -83,7 +61,6 @@ class StoreSettings:
     hub_private: bool | None = None
     hub_token: str | None = None
     sampling: dict = field(default_factory=dict)  # how the run samples, written into every shard's metadata
-    external: ExternalSeedSettings = field(default_factory=ExternalSeedSettings)
 
     @classmethod
     def of(cls, config, use_vllm: bool = False) -> StoreSettings:
@@ -98,7 +75,6 @@ class StoreSettings:
             hub_private=config.hub_private_repo if config.hub_seeds_private is None else config.hub_seeds_private,
             hub_token=config.hub_token,
             sampling=sampling_settings(config, use_vllm),
-            external=ExternalSeedSettings.of(config),
         )
 
 
@@ -157,15 +133,21 @@ class PendingRollout:
         return Rollout(**{**self.rollout.__dict__, "logprobs": logprobs})
 
 
-@dataclass
-class Resume:
-    """What resuming from a checkpoint restores: the shards its bank held (manifest entries) and the planner state."""
+class SeedHubPusher(ShardPusher):
+    """The `hub.ShardPusher` of a run's seed shards: the dataset card pushed with a shard, until the store hands one
+    over, is rendered from the `manifest.json` beside it.
 
-    checkpoint: Path
-    step: int
-    manifest: SeedManifest
-    shards: list[dict]
-    state: dict = field(default_factory=dict)
+    Args (beyond `ShardPusher`'s):
+        license: the license written in that card.
+    """
+
+    def __init__(self, repo_id: str, *args, license: str | None = None, **kwargs):
+        super().__init__(repo_id, *args, **kwargs)
+        self.license = license
+
+    def card_for(self, shard: Path) -> str:
+        manifest = SeedManifest.load(shard.parent)
+        return str(dataset_card_for_shard(shard, self.repo_id, license=self.license, manifest=manifest))
 
 
 class SeedStore:
@@ -185,9 +167,7 @@ class SeedStore:
         reward_names: list[str],
         success_reward: str | None = None,
         metrics: dict | None = None,
-        train_dataset=None,
-        reward_funcs=(),
-        turn_template=None,
+        external=None,
     ):
         if not isinstance(settings, StoreSettings):  # a `SeedGRPOConfig`, as earlier releases took
             settings = StoreSettings.of(settings)
@@ -197,26 +177,7 @@ class SeedStore:
         self.tokenizer_fp, self.reward_names = tokenizer_fingerprint(tokenizer), list(reward_names)
         # Ids the model can emit: its embedding rows may outnumber the tokenizer's entries (padded vocabularies).
         self.vocab_size = max(len(tokenizer), getattr(model.config, "vocab_size", 0) or 0)
-        # `seed_dataset`: another run's seeds or any traces (text seeds are re-tokenised, see `external_seeds.py`)
-        problem = external = None
-        try:
-            external = read_external_seeds(
-                settings.external,
-                tokenizer,
-                self.tokenizer_fp,
-                train_dataset,
-                reward_funcs,
-                reward_names,
-                success_reward,
-                main=accelerator.is_main_process,
-                template=turn_template,  # a multi-turn run's: text seeds are agent trajectories (`agent_traces.py`)
-            )
-        except ValueError as error:
-            problem = str(error)
-        if accelerator.num_processes > 1 and settings.external.seed_dataset is not None:
-            external, problem = self._main_process_external_seeds(external, problem)
-        if problem is not None:
-            raise ValueError(problem)
+        # `seed_dataset`'s seeds (`external_seeds.ExternalSeeds`, read on every rank by the trainer), or None
         self.external_seeds = external.table if external is not None else None
         self.external_provenance = external.provenance if external is not None else None
         self.text_cuts = external.text_cuts if external is not None else {}  # rollout id -> where it may be cut
@@ -245,34 +206,6 @@ class SeedStore:
         if self.hub_dataset_id is not None and accelerator.is_main_process:
             self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
             self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
-
-    def _main_process_external_seeds(self, external, problem: str | None):
-        """The main process's `seed_dataset` seeds on every rank, and its refusal (None: none).
-
-        Every rank reads `seed_dataset` itself (and the text-seed cache in its own output_dir): on node-local disks a
-        node may lack the dataset, or hold a cache or a copy that gives other seeds. A rank whose seeds differ from the
-        main process's (a digest of the table and the cut positions), or that could not read them, takes the main
-        process's. A collective: every rank calls it, at construction.
-        """
-        main = self.accelerator.is_main_process
-        digest = external_seeds_digest(external) if problem is None else None
-        found = gather_object([(problem, digest)])
-        if found[0][0] is not None:
-            return None, found[0][0]  # the main process's refusal, on every rank
-        differ = [rank for rank, (_, other) in enumerate(found) if other != found[0][1]]
-        if not differ:
-            return external, None
-        sent = broadcast_object_list([external if main else None])[0]
-        if self.accelerator.process_index in differ:
-            rank = self.accelerator.process_index
-            logger.warning(
-                f"Rank {rank} could not read seed_dataset ({problem}); it takes the main process's seeds instead."
-                if problem is not None
-                else f"Rank {rank} read other seeds from seed_dataset than the main process (its own copy or cache "
-                "differs); it takes the main process's instead."
-            )
-            return sent, None
-        return external, None
 
     @property
     def seeds_dir(self) -> Path:
@@ -365,55 +298,9 @@ class SeedStore:
         self.lock.release()
 
     def check_resume(self, checkpoint: str | os.PathLike) -> Resume:
-        """The shards that rebuild the bank `checkpoint` saw; a one-line `ValueError` when this folder lacks them.
-
-        A checkpoint records its run id and shards (`seed_snapshot.json`). They are gone from `seeds/` when another
-        run started in the folder later, or a resume from an earlier checkpoint set them aside: the bank could then
-        not be rebuilt exactly, so resuming stops (the shards are still in `seeds/superseded/`, never deleted). Whether
-        the files themselves are whole is checked when they are read (`start`).
-        """
-        checkpoint = Path(checkpoint)
+        """The shards that rebuild the bank `checkpoint` saw (`resume.check_resume`), from this folder's manifest."""
         manifest = SeedManifest.load(self.seeds_dir)
-        if manifest is None:
-            raise ValueError(
-                f"Cannot resume the seed bank: {self.seeds_dir} has no manifest.json. Resume from a checkpoint "
-                "in the output_dir of the run that wrote it, or start a new run."
-            )
-        step = checkpoint_step(checkpoint)
-        pointer_path = checkpoint / CHECKPOINT_POINTER
-        if not pointer_path.exists():  # crashed between the shard and the pointer: the shard is on disk already
-            self._check_tokenizer(checkpoint, manifest)
-            logger.warning(
-                f"{pointer_path} is missing: the bank is rebuilt from the shards up to step {step}, but the pass rates "
-                "of seed_selection='passrate' start afresh."
-            )
-            return Resume(checkpoint, step, manifest, [s for s in manifest.shards if s["step"] <= step])
-        try:
-            pointer = json.loads(pointer_path.read_text())
-            pointer["shards"] = [dict(s) for s in pointer["shards"]]
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(
-                f"Cannot resume from {checkpoint}: {pointer_path} is damaged ({type(error).__name__}: {error}), so "
-                "nothing says which seeds that checkpoint saw. Resume from another checkpoint, or delete that file to "
-                "rebuild the bank from the shards up to its step."
-            ) from None
-        current = {s["file"]: s for s in manifest.shards}
-        identity = [{k: s.get(k) for k in SHARD_IDENTITY} for s in pointer["shards"]]
-        missing = [s["file"] for s in identity if {k: current.get(s["file"], {}).get(k) for k in SHARD_IDENTITY} != s]
-        if pointer.get("run_id") != manifest.run_id or missing:
-            why = (
-                f"it belongs to run {pointer.get('run_id')}, but {self.seeds_dir} now holds run {manifest.run_id}'s seeds"
-                if pointer.get("run_id") != manifest.run_id
-                else f"its shards {missing[:3]} are no longer in {self.seeds_dir}"
-            )
-            raise ValueError(
-                f"Cannot resume from {checkpoint}: {why} (a later run or resume moved them to seeds/superseded/). "
-                f"Resume from a checkpoint of the run in {self.seeds_dir}, or start a new run in another output_dir."
-            )
-        self._check_tokenizer(checkpoint, manifest)
-        self._check_reward_columns(checkpoint, manifest)
-        shards = [current[s["file"]] for s in pointer["shards"]]  # the manifest's: it has the bank files' checksums
-        return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
+        return check_resume(checkpoint, manifest, self.seeds_dir, self.tokenizer_fp, self.reward_names)
 
     def main_process_resume(self, checkpoint: str | os.PathLike) -> Resume:
         """What the main process's seeds say about resuming from `checkpoint`, on every rank (or its one line).
@@ -425,7 +312,7 @@ class SeedStore:
         if self.accelerator.is_main_process:
             try:
                 resume = self.check_resume(checkpoint)
-                self._check_seed_dataset_unchanged(checkpoint, resume.manifest)
+                check_seed_dataset_unchanged(checkpoint, resume.manifest, self.external_provenance)
             except ValueError as error:
                 problem = str(error)
         if self.accelerator.num_processes > 1:
@@ -435,45 +322,6 @@ class SeedStore:
         if not self.accelerator.is_main_process:  # this rank's own folder, for whatever copies it holds
             resume.manifest.seeds_dir, resume.checkpoint = self.seeds_dir, Path(checkpoint)
         return resume
-
-    def _check_seed_dataset_unchanged(self, checkpoint, manifest: SeedManifest) -> None:
-        """A resumed run's `seed_dataset` must give the bank it gave: a same-tokenizer seed dataset is read afresh
-        (text seeds come from the run's cache), so one that gained or lost rows would change the bank."""
-        then, now = manifest.external or {}, self.external_provenance or {}
-        if then.get("kind") != "seed dataset" or now.get("kind") != "seed dataset":
-            return
-        if (then.get("dataset"), then.get("rows")) != (now.get("dataset"), now.get("rows")):
-            raise ValueError(
-                f"Cannot resume from {checkpoint}: its seed_dataset changed since the run started "
-                f"({then.get('dataset')}, {then.get('rows')} rows then; {now.get('dataset')}, {now.get('rows')} rows "
-                "now), so the bank would differ. Resume with the seed dataset as it was (e.g. a copy), or start a new run."
-            )
-
-    def _check_tokenizer(self, checkpoint: Path, manifest: SeedManifest) -> None:
-        if manifest.tokenizer != self.tokenizer_fp:
-            raise ValueError(
-                f"Cannot resume from {checkpoint}: its seeds were made with a tokenizer of another vocabulary "
-                f"(fingerprint {manifest.tokenizer!r}, this run's is {self.tokenizer_fp!r}). Resume with the run's own "
-                "tokenizer."
-            )
-
-    def _check_reward_columns(self, checkpoint: Path, manifest: SeedManifest) -> None:
-        """A resumed run writes the same `reward_<name>` columns as its shards hold: shards that disagree on columns
-        do not load as one dataset (`load_dataset` fails on the seeds folder)."""
-        if not manifest.shards:
-            return
-        try:
-            names = pq.read_schema(manifest.resolve(manifest.shards[-1]["file"])).names
-        except (pa.ArrowInvalid, OSError):  # a missing or damaged shard is named when the bank is read
-            return
-        found = [n for n in names if n.startswith("reward_")]
-        expected = [f"reward_{name}" for name in self.reward_names]
-        if found != expected:
-            raise ValueError(
-                f"Cannot resume from {checkpoint} with these reward functions: its seed shards have the columns "
-                f"{found}, this run would write {expected}, and shards with other columns do not load as one "
-                "dataset. Resume with the run's reward functions (same names, same order), or start a new run."
-            )
 
     def check_unchanged(self) -> None:
         """Stops the run in one line when the files its manifest lists vanished from disk while it trained (all
@@ -611,9 +459,11 @@ class SeedStore:
         return path
 
     def dataset_card(self, shard: Path, dataset_id: str, local: bool):
-
+        """The card of this run's seed dataset, as of the manifest beside `shard`."""
+        manifest = SeedManifest.load(Path(shard).parent)
+        license, model_id = self.card_license, self.trained_model_id
         return dataset_card_for_shard(
-            shard, dataset_id, license=self.card_license, trained_model_id=self.trained_model_id, local=local
+            shard, dataset_id, license=license, trained_model_id=model_id, local=local, manifest=manifest
         )
 
     def write_dataset_card(self, shard: Path) -> None:
@@ -653,171 +503,6 @@ class SeedStore:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
         if self.pusher is not None:
             self.pusher.close(timeout=timeout)
-
-
-def external_seeds_digest(external) -> str | None:
-    """A SHA-256 of a `seed_dataset`'s seeds as the bank takes them: their table and the text seeds' cut positions."""
-    if external is None:
-        return None
-    digest = hashlib.sha256(table_bytes(external.table.combine_chunks()))  # however the rows were chunked
-    for rollout_id in sorted(external.text_cuts):
-        digest.update(rollout_id.encode() + b"\0" + np.asarray(external.text_cuts[rollout_id], np.int64).tobytes())
-    return digest.hexdigest()
-
-
-def checkpoint_step(checkpoint: str | os.PathLike) -> int:
-    state = Path(checkpoint) / TRAINER_STATE_NAME
-    if state.exists():
-        return int(json.loads(state.read_text())["global_step"])
-    name = Path(checkpoint).name
-    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
-        return int(name.rsplit("-", 1)[1])
-    raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")
-
-
-def last_complete_checkpoint(output_dir: str | os.PathLike) -> str:
-    """The newest `checkpoint-<step>` folder in `output_dir` that was written to the end; what `resume=True` means.
-
-    Transformers writes `trainer_state.json` last, so a folder without it is a save that a crash cut short (often
-    empty): it is passed over with a warning that names it, rather than resumed from.
-    """
-    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    folders = sorted(
-        (int(match.group(1)), path)
-        for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
-        if (match := pattern.match(path.name)) and path.is_dir()
-    )
-    complete = [path for _, path in folders if (path / TRAINER_STATE_NAME).is_file()]
-    if not complete:
-        raise ValueError(f"No complete checkpoint found in output_dir={str(output_dir)!r} to resume from.")
-    skipped = [path.name for step, path in folders if step > checkpoint_step(complete[-1])]
-    if skipped:
-        logger.warning(
-            f"Resuming from {complete[-1].name}: {', '.join(skipped)} has no {TRAINER_STATE_NAME} (its save did not "
-            "finish), so it is skipped."
-        )
-    return str(complete[-1])
-
-
-def check_resume_checkpoint(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> None:
-    """Fails with one line when `checkpoint` is not a checkpoint folder, naming the checkpoints that do exist.
-
-    Checked before the model is loaded (`ts_trl train`) and before `train` rebuilds the seed bank, whose own
-    complaints (no seed manifest, no weights) would hide the real mistake: a mistyped or deleted checkpoint.
-    """
-    path = Path(checkpoint).expanduser()
-    if path.is_dir() and (path / "trainer_state.json").is_file():
-        return
-    problem = "does not exist" if not path.exists() else "is not a checkpoint folder (it has no trainer_state.json)"
-    # The checkpoints beside the one asked for, else those of this run's output_dir.
-    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path(output_dir)
-    found = sorted(
-        (p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / "trainer_state.json").is_file()),
-        key=lambda p: checkpoint_step(p),
-    )
-    existing = (
-        f"the checkpoints in {folder} are {', '.join(p.name for p in found)}"
-        if found
-        else f"{folder} holds no checkpoint"
-    )
-    raise ValueError(
-        f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
-        "resume_from_checkpoint unset to start a new run."
-    )
-
-
-def resume_checkpoint_on_every_rank(
-    checkpoint: str | os.PathLike | bool | None, output_dir, accelerator
-) -> str | None:
-    """The checkpoint this rank resumes from (`resume_from_checkpoint` as given), checked on every rank at once.
-
-    Every rank loads transformers' part of a checkpoint (weights, optimizer, its RNG state) from its own disk. With
-    True the main process picks its newest complete checkpoint, and every rank takes the folder of that name in its own
-    output_dir. A rank that lacks it or its weights (node-local disks: transformers writes the weights on the main
-    process only, even with `save_on_each_node`), or whose checkpoint is at another step than the main process's, stops
-    every rank with the same line, rather than leave the others waiting in a collective.
-    """
-    several = accelerator.num_processes > 1
-    if checkpoint is True:
-        checkpoint = str(Path(output_dir) / _newest_on_the_main_process(output_dir, accelerator))
-    if checkpoint is None or checkpoint is False:
-        return None
-    problem = step = state = None
-    try:
-        check_resume_checkpoint(checkpoint, output_dir)
-        step = checkpoint_step(checkpoint)
-        state = timeline_of(checkpoint)
-    except (ValueError, OSError) as error:  # (a JSONDecodeError is a ValueError)
-        problem = str(error)
-    if (
-        problem is None
-        and several
-        and accelerator.distributed_type != DistributedType.DEEPSPEED
-        and not has_weights(checkpoint)
-    ):
-        problem = f"{checkpoint} holds no model weights (transformers writes them on the main process only)"
-    if not several:
-        if problem is not None:
-            raise ValueError(problem)
-        return str(checkpoint)
-    found = gather_object([(problem, step, state, str(checkpoint))])
-    for rank, (problem, step, state, path) in enumerate(found):
-        if problem is not None and rank == 0:
-            raise ValueError(problem)
-        if problem is not None or step != found[0][1] or state != found[0][2]:
-            if problem is not None:
-                why = problem.rstrip(".")
-            elif step != found[0][1]:
-                why = f"{path} is at step {step}"
-            else:  # the same step of another timeline (a copy made before a resume from an earlier checkpoint)
-                why = f"the log history in {path}/{TRAINER_STATE_NAME} differs from the main process's (a copy from "
-                why += "another timeline)"
-            raise ValueError(
-                f"Rank {rank} cannot resume from its checkpoint: {why}, and the main process resumes from "
-                f"{found[0][3]} (step {found[0][1]}). Every rank loads the weights, optimizer and RNG state from its "
-                "own output_dir: with node-local disks, copy the main node's checkpoint folder to the other nodes "
-                "before resuming (the seeds/ folder need not be copied)."
-            )
-    return str(checkpoint)
-
-
-def _newest_on_the_main_process(output_dir, accelerator) -> str:
-    """The name of the main process's newest complete checkpoint, on every rank (or its one-line refusal)."""
-    name = problem = None
-    if accelerator.is_main_process:
-        try:
-            name = Path(last_complete_checkpoint(output_dir)).name
-        except ValueError as error:
-            problem = str(error)
-    if accelerator.num_processes > 1:
-        name, problem = broadcast_object_list([name, problem])
-    if problem is not None:
-        raise ValueError(problem)
-    return name
-
-
-TIMELINE_KEYS = ("step", "epoch", "loss", "grad_norm", "learning_rate")  # logged alike on every rank
-
-
-def timeline_of(checkpoint: str | os.PathLike) -> str:
-    """A digest of a checkpoint's log history, of the values every rank logs alike (the gathered loss, the norm of
-    the all-reduced gradients): two copies of one run agree, whichever node wrote them (`save_on_each_node`); a
-    checkpoint of the same step from another timeline does not. Per-rank values (TRL's `step_time`) are left out."""
-    state = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text())
-    history = [{k: entry[k] for k in TIMELINE_KEYS if k in entry} for entry in state.get("log_history", [])]
-    return hashlib.sha256(json.dumps(history, sort_keys=True).encode()).hexdigest()
-
-
-def has_weights(checkpoint: str | os.PathLike) -> bool:
-    """Whether a checkpoint folder holds model weights in a form transformers resumes from (whole or sharded, an
-    adapter, FSDP), in it or in one of its subfolders (several adapters)."""
-    names = (WEIGHTS_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_INDEX_NAME)
-    names += (ADAPTER_WEIGHTS_NAME, ADAPTER_SAFE_WEIGHTS_NAME)
-    folder = Path(checkpoint)
-    for place in [folder, *(p for p in folder.iterdir() if p.is_dir())]:
-        if any((place / name).is_file() for name in names) or FSDP_MODEL_NAME in place.name:
-            return True
-    return any(FSDP_MODEL_NAME in p.name for p in folder.iterdir())
 
 
 class SeedSnapshotCallback(TrainerCallback):

@@ -140,6 +140,20 @@ class SeededBackend:
         return not t.use_vllm or (t.vllm_mode == "colocate" and t.vllm_tensor_parallel_size == 1)
 
     @property
+    def collective_calls(self) -> bool:
+        """Whether every generation call is a collective one, which every rank must make together. TRL 1.16 generates
+        each turn with a collective call in vLLM server mode (one request for all ranks, whose answers it hands each
+        rank at `rank * len(its prompts)`, huggingface/trl#6673), in tensor-parallel colocate mode (likewise within the
+        group) and with HF `generate` under ZeRO-3 or FSDP (the parameters are gathered)."""
+        t = self.trainer
+        if t.accelerator.num_processes == 1:
+            return False
+        if t.use_vllm:  # a tensor-parallel colocated engine gathers its group's prompts, sliced as the server's
+            return t.vllm_mode == "server" or t.vllm_tensor_parallel_size > 1
+        plugin = getattr(t.accelerator.state, "deepspeed_plugin", None)
+        return t.is_fsdp_enabled or (t.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+    @property
     def colocated_max_model_len(self) -> int | None:
         """The colocated vLLM engine's `max_model_len` (None without one); the server's is asked at each request."""
         t = self.trainer

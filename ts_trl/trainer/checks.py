@@ -183,3 +183,37 @@ def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, sou
         f"token, or has no text boundary within max_completion_length={budget}), so it would seed nothing. Seed from "
         "a dataset of longer responses, or leave seed_dataset unset."
     )
+
+
+def check_replayable(environment_pool: dict | None) -> None:
+    """An environment that declares `replayable = False` cannot be restored to a seed's state: seeding refuses it."""
+    for name, instances in (environment_pool or {}).items():
+        environment = instances[0]
+        if getattr(environment, "replayable", True) is False:
+            label = type(environment).__name__ + (f" ({name!r})" if name is not None else "")
+            raise ValueError(
+                f"The environment {label} declares replayable=False, so a seed's state cannot be restored in it; "
+                "use seed_method='none' with it, or make its tool calls replayable from reset(**row)."
+            )
+
+
+def check_trainer_inputs(trainer, train_dataset, trainer_kwargs: dict) -> None:
+    """Refuses, right after TRL's constructor and before any generation, what `trainer` cannot seed: the rollouts, the
+    tools and environments, the dataset's rows and its prompts' lengths (each by one of the checks above)."""
+    args = trainer.args
+    check_seedable_rollouts(args.seed_method, trainer_kwargs)
+    environment_prompts = False
+    if args.seed_method != "none":
+        check_replayable(getattr(trainer, "_environment_pool", None))
+        check_tools_restorable(trainer._is_vlm, trainer.tools)
+        environments = trainer.environment_factories is not None
+        environment_prompts = check_environment_rows(train_dataset, environments, args.seed_dataset)
+    if train_dataset is None:
+        return
+    check_one_generation_fits(train_dataset, args.generation_batch_size, trainer.num_generations)
+    if args.seed_method != "none" and not environment_prompts:
+        max_positions = getattr(trainer.model.config, "max_position_embeddings", None)
+        engine_len = trainer.backend.colocated_max_model_len
+        check_seedable_dataset(
+            train_dataset, trainer._tokenizer, trainer.max_completion_length, max_positions, engine_len
+        )

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..method.cutting import SeedSplicer, Splice
 from ..method.planning import GroupPlan
-from ..store.format import Rollout, prompt_id_of
+from ..store.schema import Rollout, prompt_id_of
 from ..store.seed_store import PendingRollout
 from .prefix_forcing import strip_forced
 
@@ -143,6 +143,18 @@ def assemble_responses(
             generated = list(own_logprobs[i][: len(response) - k]) if k < len(response) else []
             sampling.append([None] * k + generated)
     return responses, masks, (sampling if logprobs is not None else None)
+
+
+def without_truncated(
+    completion_ids: Sequence[Sequence[int]], truncated: Sequence[bool], loss_masks: Sequence[Sequence[int]] | None
+) -> list[list[int]]:
+    """The loss masks (None: all 1s) with every truncated row zeroed: TRL's `mask_truncated_completions`, applied
+    through the loss mask rather than `completion_mask`, the attention mask of the forward passes."""
+    masks = loss_masks if loss_masks is not None else [None] * len(completion_ids)
+    return [
+        [0] * len(ids) if cut else (list(mask) if mask is not None else [1] * len(ids))
+        for ids, cut, mask in zip(completion_ids, truncated, masks)
+    ]
 
 
 def prompt_key(row: dict) -> str:

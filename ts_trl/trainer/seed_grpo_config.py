@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
+from ..method.turns import AGENT_CUT_POINTS
 from .notices import trl_notices_hidden
 
-# The config owns every choice; the layers below receive values it has validated (see `ts_trl.method`).
+# The choices of the seeding fields; the layers below receive values validated here. `agent_cut_points`' choices are
+# `method.turns`' own (`AGENT_CUT_POINTS`), as the layer that cuts at them.
 SEED_METHODS = ("none", "seeds", "replay")
 SEED_FILTERS = ("success",)
 PREFIX_MODES = ("state", "action")
-AGENT_CUT_POINTS = ("any", "turns")  # multi-turn seeds: any admissible point, or turn boundaries only
 SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
 CUT_SELECTIONS = ("ratio", "target")
 SEED_TRIGGERS = ("fraction", "zero_std")
@@ -294,3 +297,14 @@ class SeedGRPOConfig(GRPOConfig):
                 "seed_trigger='zero_std' chooses which groups to seed, and seed_method='none' seeds none: set "
                 "seed_method='seeds' (or 'replay'), or seed_trigger='fraction'."
             )
+
+
+def default_config(model) -> SeedGRPOConfig:
+    """The config of a trainer given no `args`: GRPOTrainer's drop-in defaults, in `<model name>-ThinkingSeeds`.
+
+    GRPOConfig's bf16 default needs an accelerator; on a machine without one the defaults train on CPU in float32 (as
+    `ts_trl train` does) rather than fail where the user chose nothing.
+    """
+    name = model if isinstance(model, str) else model.config._name_or_path or "model"
+    on_cpu = {} if torch.cuda.is_available() or is_torch_bf16_gpu_available() else {"use_cpu": True, "bf16": False}
+    return SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds", **on_cpu)

@@ -13,11 +13,11 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `_generate`: returns the prefix loss mask (0 on prefix tokens in `"state"` mode) through TRL's `tool_mask` slot
   (multiplied into the tool loop's own mask with tools),
   and corrects TRL's length metrics to count generated tokens only.
-- `_generate` and `_tool_call_loop` with `tools`/`environment_factory` (`agentic.py`, docs/agentic.md): before
-  generation, finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch
-  makes the group plain); the loop continues the cut turn, and the prefix's messages lead the completion. Where a
-  turn is a collective call (vLLM server, tensor-parallel colocate, ZeRO-3, FSDP) every rank takes part in every
-  tool-loop turn (`_even_tool_turn`).
+- `_generate` and `_tool_call_loop` with `tools`/`environment_factory`: one `agentic.ToolLoopSeeds` (docs/agentic.md)
+  finds each seeded row's prefix turns and replays their calls in the row's environment (a mismatch makes the group
+  plain); the loop continues the cut turn, and the prefix's messages lead the completion. Where a turn is a
+  collective call (vLLM server, tensor-parallel colocate, ZeRO-3, FSDP) every rank takes part in every tool-loop
+  turn (`_even_tool_turn`).
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
@@ -36,51 +36,45 @@ the `num_generations` continuations of the same cut.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 from accelerate.utils import gather_object
-from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOTrainer
-from trl.chat_template_utils import parse_response
 
 from ..method.cutting import SeedSplicer, boundary_token_ids
 from ..method.group_signal import log_zero_std_shares, zero_std_shares
 from ..method.old_tokens import old_token_inputs, weight_old_tokens
-from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages, without_groups
-from ..method.turns import prefix_turns
+from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_advantages
 from ..store.agent_traces import TurnTemplate
-from ..store.cards import THINKING_SEEDS_CITATION, model_card_for
+from ..store.dataset_card import THINKING_SEEDS_CITATION
+from ..store.external_seeds import ExternalSeedSettings, read_external_seeds_on_every_rank
 from ..store.hub import one_line_hub_errors
-from ..store.seed_store import (
-    SeedSnapshotCallback,
-    SeedStore,
-    StoreSettings,
-    resume_checkpoint_on_every_rank,
-)
+from ..store.resume import resume_checkpoint_on_every_rank
+from ..store.schema import tokenizer_fingerprint
+from ..store.seed_store import SeedSnapshotCallback, SeedStore, StoreSettings
 from ..tiny import save_base_for_adapter
-from .agentic import check_replayable, merged_tool_masks, replay_calls, tool_call_markup_ids
+from .agentic import ToolLoopSeeds, tool_call_markup_ids
 from .backends import SeededBackend, replaced
-from .checks import (
-    check_environment_rows,
-    check_one_generation_fits,
-    check_seedable_dataset,
-    check_seedable_rollouts,
-    check_seeds_cuttable,
-    check_success_reward,
-    check_tools_restorable,
-)
+from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
+from .model_card import model_card_for
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
-from .seed_batch import PromptLengths, SeedBatch, assemble_responses, generation_request, pending_rollouts, prompt_key
-from .seed_grpo_config import SeedGRPOConfig
+from .seed_batch import (
+    PromptLengths,
+    SeedBatch,
+    assemble_responses,
+    generation_request,
+    pending_rollouts,
+    prompt_key,
+    without_truncated,
+)
+from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
-from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo
+from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
 
 
 class SeedGRPOTrainer(GRPOTrainer):
@@ -103,27 +97,20 @@ class SeedGRPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: SeedGRPOConfig | None = None, train_dataset=None, **kwargs):
         chosen = args is not None  # without `args`, GRPOTrainer's drop-in defaults: warned about, never refused
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path or "model"
-            # GRPOConfig's bf16 default needs an accelerator; on a machine without one the defaults train on CPU in
-            # float32 (as `ts_trl train` does) rather than fail where the user chose nothing.
-            on_cpu = (
-                {} if torch.cuda.is_available() or is_torch_bf16_gpu_available() else {"use_cpu": True, "bf16": False}
-            )
-            args = SeedGRPOConfig(f"{str(name).split('/')[-1]}-ThinkingSeeds", **on_cpu)
+            args = default_config(model)
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
         share_process_group_with_deepspeed()
         # An adapter of a model built in memory must name a base that can be loaded: it is saved in output_dir.
         save_base_for_adapter(model, kwargs.get("processing_class"), args.output_dir, kwargs.get("peft_config"))
-        schedule = check_seeding(
-            args, train_dataset, refuse=chosen
-        )  # before any model or vLLM work: a run that cannot seed stops
+        schedule = check_seeding(args, train_dataset, refuse=chosen)  # before any model work: no seeding, no run
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusals below.
         with loadable_by_path(model, needed=args.beta != 0.0), trl_notices_hidden():
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         self.backend = SeededBackend(self)
-        self._check_inputs(train_dataset, kwargs)
+        self.tool_loop = ToolLoopSeeds(self)
+        check_trainer_inputs(self, train_dataset, kwargs)
         self._success_index = check_success_reward(args.success_reward, self.reward_func_names)
         self.seed_splicer = SeedSplicer(args.prefix_mode)
         self.seed_store = self._make_seed_store()  # reads `seed_dataset` (text seeds come with their cut positions)
@@ -139,17 +126,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         )
         self.seed_store.checkpoint_state = self.planner.state
         if args.seed_method != "none" and args.seed_dataset is not None:
-            source = f"seed_dataset={args.seed_dataset!r}"
-            store = self.seed_store
-            turn_cuts = self.planner.turn_cuts if self.planner.agent_cuts is not None else None
-            check_seeds_cuttable(
-                store.external_seeds,
-                store.text_cuts,
-                self.eos_token_ids,
-                self.max_completion_length,
-                source,
-                turn_cuts,
-            )
+            self._check_seed_dataset()
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._seed_batch: SeedBatch | None = None  # the generation batch being made, see `_generate_and_score_...`
@@ -158,38 +135,43 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.add_callback(SeedSnapshotCallback(self.seed_store))
             self.add_callback(SeedingWatch(schedule))
 
-    def _check_inputs(self, train_dataset, kwargs: dict) -> None:
-        """Refuses, before any generation, what seeding cannot run on (see `checks.py`)."""
-        args = self.args
-        check_seedable_rollouts(args.seed_method, kwargs)
-        environment_prompts = False
-        if args.seed_method != "none":
-            check_replayable(getattr(self, "_environment_pool", None))
-            check_tools_restorable(self._is_vlm, self.tools)
-            environments = self.environment_factories is not None
-            environment_prompts = check_environment_rows(train_dataset, environments, args.seed_dataset)
-        if train_dataset is None:
-            return
-        check_one_generation_fits(train_dataset, args.generation_batch_size, self.num_generations)
-        if args.seed_method != "none" and not environment_prompts:
-            max_positions = getattr(self.model.config, "max_position_embeddings", None)
-            engine_len = self.backend.colocated_max_model_len
-            check_seedable_dataset(
-                train_dataset, self._tokenizer, self.max_completion_length, max_positions, engine_len
-            )
+    def _check_seed_dataset(self) -> None:
+        """Refuses a `seed_dataset` none of whose seeds admits a cut (`checks.check_seeds_cuttable`)."""
+        store, planner = self.seed_store, self.planner
+        check_seeds_cuttable(
+            store.external_seeds,
+            store.text_cuts,
+            self.eos_token_ids,
+            self.max_completion_length,
+            f"seed_dataset={self.args.seed_dataset!r}",
+            planner.turn_cuts if planner.agent_cuts is not None else None,
+        )
 
     def _make_seed_store(self) -> SeedStore:
+        """The run's seed store, with the seeds of `seed_dataset` read on every rank (`external_seeds.py`)."""
+        success_reward, tokenizer = self.reward_func_names[self._success_index], self._tokenizer
+        external = read_external_seeds_on_every_rank(
+            ExternalSeedSettings.of(self.args),
+            self.accelerator,
+            tokenizer,
+            tokenizer_fingerprint(tokenizer),
+            self.train_dataset,
+            self.reward_funcs,
+            self.reward_func_names,
+            success_reward,
+            template=self._turn_template(),
+        )
+        settings = StoreSettings.of(self.args, use_vllm=self.use_vllm)
+        metrics = self._metrics["train"]
         return SeedStore(
-            StoreSettings.of(self.args, use_vllm=self.use_vllm),
+            settings,
             self.accelerator,
             self.model,
-            self._tokenizer,
+            tokenizer,
             self.reward_func_names,
-            success_reward=self.reward_func_names[self._success_index],
-            metrics=self._metrics["train"],
-            train_dataset=self.train_dataset,
-            reward_funcs=self.reward_funcs,
-            turn_template=self._turn_template(),
+            success_reward,
+            metrics,
+            external,
         )
 
     def _turn_template(self) -> TurnTemplate | None:
@@ -255,7 +237,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         return self._prompt_length_of(inputs, keys)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if self._in_tool_loop and self._uneven_tool_turns:
+        if self._in_tool_loop and self.backend.collective_calls:
             return self._even_tool_turn(prompt_ids, images, multimodal_fields, has_tool_images)
         batch = self._seed_batch
         generate = super()._generate_single_turn
@@ -284,10 +266,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         completion_ids, masks, sampling_logprobs = assemble_responses(
             plan, request, continuations, logprobs, self.max_completion_length
         )
-        if self.args.prefix_mode == "action":  # a multi-turn prefix trains its model tokens, never its tool results
-            for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts)):
-                if cut is not None and not plan.replayed[i] and seed.tool_mask is not None:
-                    masks[i][: cut.k] = [int(x) for x in seed.tool_mask[: cut.k]]
+        self.tool_loop.first_turn_masks(plan, masks)
         batch.generation.response_masks = masks
         return completion_ids, sampling_logprobs
 
@@ -303,151 +282,45 @@ class SeedGRPOTrainer(GRPOTrainer):
         generation.completion_ids, generation.completions = completion_ids, completions
         generation.sampling_logprobs = logprobs
         if self.tools:
-            generation.tool_masks = self._trajectory_masks(plan, completion_ids, tool_mask)
-            if plan.any_seeded:
-                tool_mask = merged_tool_masks(generation.response_masks, tool_mask, [len(c) for c in completion_ids])
+            tool_mask = self.tool_loop.loss_masks(batch, completion_ids, tool_mask)
         elif plan.any_seeded and self.args.prefix_mode == "state":
             tool_mask = generation.response_masks
-        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
-        truncated = [ids[-1] not in eos_and_pad for ids in completion_ids]
+        truncated = [ids[-1] not in (*self.eos_token_ids, self._tokenizer.pad_token_id) for ids in completion_ids]
         if batch.mask_truncated and any(truncated):  # TRL's `mask_truncated_completions`, in the loss mask
-            tool_mask = [
-                [0] * len(ids) if cut else (mask if mask is not None else [1] * len(ids))
-                for ids, cut, mask in zip(completion_ids, truncated, tool_mask or [None] * len(completion_ids))
-            ]
+            tool_mask = without_truncated(completion_ids, truncated, tool_mask)
         if plan.global_prefix_len.any():  # the same on every rank: the correction gathers
             # TRL measured the lengths on whole responses, before the prefix mask existed: prefixes counted as
             # generated. It appended this batch's values just before; they are replaced in place.
-            lengths = generated_length_metrics(
-                plan,
-                completion_ids,
-                truncated,
-                self.accelerator.device,
-                self.accelerator.gather,
-                generation.tool_masks,
-            )
+            device, gather = self.accelerator.device, self.accelerator.gather
+            lengths = generated_length_metrics(plan, completion_ids, truncated, device, gather, generation.tool_masks)
             for key, value in lengths.items():
                 self._metrics["train"][key][-1] = value
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images
 
     # ----------------------------------------------------------------------------------------------------------------
-    # Multi-turn seeds: the prefix's turns, environment replay, the tool loop (`agentic.py`)
+    # Multi-turn seeds in TRL's tool loop: each hook hands the work to `self.tool_loop` (`agentic.ToolLoopSeeds`)
 
     def _restore_states(self, batch: SeedBatch) -> None:
-        """Finds each seeded row's prefix turns and, with environments, replays their calls in the row's environment
-        (TRL has just reset it with the row); a group any of whose rows sees another result than recorded is planned
-        plain on every rank, its environments reset again. Logs the multi-turn seeding metrics."""
-        plan, G = batch.plan, self.num_generations
-        first = self.accelerator.process_index * len(plan.cuts)
-        turns = {
-            i: prefix_turns(seed.tool_mask, cut.k, json.loads(seed.messages))
-            for i, (seed, cut) in enumerate(zip(plan.seeds, plan.cuts))
-            if cut is not None and not plan.replayed[i] and seed.tool_mask is not None
-        }
-        seeded_groups = int(plan.global_seeded[::G].sum())
-        mismatched, replayed = set(), 0
-        if self.environments:
-            for i, prefix in turns.items():
-                loop = getattr(self, "async_loop", None)
-                replayed += len(prefix.tool_calls)
-                if not replay_calls(self._sync_tool_dicts[i], self._async_tool_dicts[i], loop, prefix):
-                    mismatched.add((first + i) // G)
-            if self.accelerator.num_processes > 1:
-                mismatched = {g for part in gather_object([sorted(mismatched)]) for g in part}
-            for i in turns:
-                if (first + i) // G in mismatched:  # undo the partial replay: the row runs plain from the prompt
-                    row = batch.inputs[i]
-                    kwargs = {k: v for k, v in row.items() if k != "environment"} if self._multi_environment else row
-                    self.environments[i].reset(**kwargs)
-            batch.plan = without_groups(plan, mismatched, G, first)
-            turns = {i: t for i, t in turns.items() if (first + i) // G not in mismatched}
-        batch.turns = turns
-        local = [len(turns), sum(sum(m["role"] == "assistant" for m in t.messages) for t in turns.values()), replayed]
-        totals = self.accelerator.gather(torch.tensor(local, device=self.accelerator.device).reshape(1, 3)).sum(0)
-        metrics = self._metrics["train"]
-        if totals[0] > 0:
-            metrics["seeds/prefix_turns_mean"].append(float(totals[1] / totals[0]))
-        if self.environments and seeded_groups:
-            metrics["seeds/replay_mismatch_share"].append(len(mismatched) / seeded_groups)
-            metrics["seeds/replayed_tool_calls_mean"].append(float(totals[2]) / max(float(totals[0]), 1.0))
+        self.tool_loop.restore(batch)
 
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
-        """TRL's loop, with each seeded row's history being its prefix's turns: the cut turn is parsed whole (prefix
-        part and continuation), the loop continues it, and the prefix's messages lead the row's completion."""
-        batch = self._seed_batch
-        turns = batch.turns if batch is not None and batch.turns is not None else {}
-        for i, prefix in turns.items():
-            prompts[i] = [*prompts[i], *prefix.messages]
-            start = prefix.partial_start
-            context = [*prompt_ids[i], *completion_ids[i][:start]]
-            completions[i] = [
-                parse_response(self._tokenizer, completion_ids[i][start:], prefix=context, tools=self._tools_of(i))
-            ]
+        """TRL's loop, with each seeded row's history being its prefix's turns."""
+        self.tool_loop.lead(self._seed_batch, prompts, prompt_ids, completion_ids, completions)
         with replaced(self, "_in_tool_loop", True):
             result = super()._tool_call_loop(
                 prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
             )
-            if self._uneven_tool_turns:  # this rank's loop is over: serve the turns other ranks still take
+            if self.backend.collective_calls:  # this rank's loop is over: serve the turns other ranks still take
                 while self._even_tool_turn([], None, {}, False) is not None:
                     pass
-        completions = result[1]
-        for i, prefix in turns.items():
-            completions[i] = [*prefix.messages, *completions[i]]
+        self.tool_loop.close(self._seed_batch, result[1])
         return result
 
-    @property
-    def _uneven_tool_turns(self) -> bool:
-        """Whether every rank must take part in every tool-loop turn. TRL 1.16 generates each turn with a collective
-        call in vLLM server mode (one request for all ranks, whose answers it hands each rank at `rank * len(its
-        prompts)`, huggingface/trl#6673), in tensor-parallel colocate mode (likewise within the group) and with HF
-        `generate` under ZeRO-3 or FSDP (the parameters are gathered);
-        its loop assumes every rank takes as many turns with as many rows. Seeded rows cut after their calls, or rows
-        that simply stop calling tools, leave a rank with fewer turns than another."""
-        if self.accelerator.num_processes == 1:
-            return False
-        if self.use_vllm:  # a tensor-parallel colocated engine gathers its group's prompts, sliced as the server's
-            return self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
-
     def _even_tool_turn(self, prompt_ids, images, multimodal_fields, has_tool_images):
-        """One tool-loop turn taken by every rank together (`_uneven_tool_turns`): each rank's rows padded to the
-        most any rank has with filler rows that generate one token (an EOS prompt, asked for one token or forced to
-        end at once); a rank whose loop is over sends fillers only. Returns this rank's completions and log-probs,
-        or None once no rank has a row left."""
-        counts = gather_object([len(prompt_ids)])
-        most = max(counts)
-        if most == 0:
-            return None
-        n, fills, eos = len(prompt_ids), most - len(prompt_ids), self.eos_token_ids[0]
-        padded = [*prompt_ids, *[[eos]] * fills]
-        if images is not None:
-            images = [*images, *[None] * fills]
-        # vLLM: a filler's request leaves it one token, as a prefix of max_completion_length - 1 tokens would.
-        fillers = np.concatenate([[0] * c + [self.max_completion_length - 1] * (most - c) for c in counts])
-        local = fillers[self.accelerator.process_index * most :][:most]
-        forced = () if self.use_vllm else [[]] * n + [[eos]] * fills  # HF generate: the filler ends at once
-        with self.backend.patched(fillers, local, self.max_completion_length, forced, samples=1):
-            ids, logprobs = super()._generate_single_turn(padded, images, multimodal_fields, 1, has_tool_images)
-        return ids[:n], logprobs[:n] if logprobs is not None else None
-
-    def _tools_of(self, row: int) -> list:
-        """The tools local row `row`'s prompt was rendered with (its environment's, with environments)."""
-        if self.environment_factories is not None:
-            return self._env_tools[self._batch_environments[row]]
-        return self.tools
-
-    def _trajectory_masks(self, plan: GroupPlan, completion_ids, loop_masks) -> list[list[int]]:
-        """Per local row, 1 on model tokens and 0 on tool results over the whole response (a seeded row's prefix part
-        from its seed: TRL's loop marks the whole first call as model tokens)."""
-        masks = []
-        for i, ids in enumerate(completion_ids):
-            mask = list(loop_masks[i]) if loop_masks is not None else [1] * len(ids)
-            seed, cut = plan.seeds[i], plan.cuts[i]
-            if cut is not None and not plan.replayed[i] and seed.tool_mask is not None:
-                mask[: cut.k] = [int(x) for x in seed.tool_mask[: cut.k]]
-            masks.append(mask)
-        return masks
+        generate = super()._generate_single_turn
+        return self.tool_loop.even_turn(
+            prompt_ids, images, lambda ids, images: generate(ids, images, multimodal_fields, 1, has_tool_images)
+        )
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -479,23 +352,13 @@ class SeedGRPOTrainer(GRPOTrainer):
         rows = self.seed_store.queue(pending)
         if batch.generation.sampling_logprobs is None and policy is None:
             output["seed_rollout_row"] = torch.tensor(rows, device=self.accelerator.device)
-        replay = self.args.seed_method == "replay"
-        gather = self.accelerator.gather
-        values = seed_metrics(
-            plan,
-            total,
-            output["completion_mask"],
-            self.num_generations,
-            len(self.seed_bank),
-            replay,
-            gather,
-            batch.generation.tool_masks,
-        )
+        mask, G, replay = output["completion_mask"], self.num_generations, self.args.seed_method == "replay"
+        tool_masks, gather = batch.generation.tool_masks, self.accelerator.gather
+        values = seed_metrics(plan, total, mask, G, len(self.seed_bank), replay, gather, tool_masks)
         # TRL's frac_reward_zero_std mixes seeded and plain groups: their all-equal shares apart
-        values.update(
-            zero_std_shares(total.cpu().numpy(), self.num_generations, plan.global_seeded, plan.global_replayed)
-        )
-        values.update(cut_metrics(plan, success, self.args))
+        values.update(zero_std_shares(total.cpu().numpy(), G, plan.global_seeded, plan.global_replayed))
+        target = self.args.target_pass_rate if self.args.cut_selection == "target" else None
+        values.update(cut_metrics(plan, success, target))
         for key, value in values.items():
             self._metrics["train"][key].append(value)
 
@@ -572,15 +435,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         return super()._save_checkpoint(model, trial)
 
     def _issue_warnings_after_load(self, load_result):
-        # A checkpoint of a model with tied weights (the tiny model, Qwen2.5-0.5B) does not store the tied copy (the
-        # LM head), so transformers warns on every resume that `lm_head.weight` is missing, though loading the
-        # embedding loaded it. Only a missing key that is not the tie of a loaded one is worth the warning.
-        tied = getattr(self.accelerator.unwrap_model(self.model), "all_tied_weights_keys", None) or {}
-        missing = set(load_result.missing_keys)
-        untied = [key for key in load_result.missing_keys if tied.get(key) is None or tied[key] in missing]
-        if len(untied) < len(missing):
-            self.accelerator.unwrap_model(self.model).tie_weights()
-            load_result = SimpleNamespace(missing_keys=untied, unexpected_keys=load_result.unexpected_keys)
+        load_result = without_tied_keys(self.accelerator.unwrap_model(self.model), load_result)
         return super()._issue_warnings_after_load(load_result)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, metrics=None):

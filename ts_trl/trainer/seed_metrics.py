@@ -108,12 +108,13 @@ def generated_length_metrics(
     return {key: value.item() for key, value in zip(LENGTH_METRICS, values)}
 
 
-def cut_metrics(plan: GroupPlan, passed: np.ndarray, args) -> dict[str, float]:
+def cut_metrics(plan: GroupPlan, passed: np.ndarray, target_pass_rate: float | None = None) -> dict[str, float]:
     """Where seeded groups were cut and how their continuations did, against `cut_selection="target"`'s target.
 
-    `passed` holds one success per global row; `args` is the `SeedGRPOConfig`. Nothing for a batch without seeded
-    groups; else the mean ratio `r` of the drawn cuts (`seeds/mean_cut_ratio`), the pass rate of seeded rows
-    (`seeds/seeded_pass_rate`), and with `cut_selection="target"` the target itself (`seeds/target_pass_rate`).
+    `passed` holds one success per global row; `target_pass_rate` is the target of `cut_selection="target"` (None
+    with another cut selection). Nothing for a batch without seeded groups; else the mean ratio `r` of the drawn cuts
+    (`seeds/mean_cut_ratio`), the pass rate of seeded rows (`seeds/seeded_pass_rate`), and the target itself
+    (`seeds/target_pass_rate`) where there is one.
     """
     ratios = [r for r in plan.group_cut_ratios if r is not None]
     if not ratios or not plan.global_seeded.any():
@@ -122,6 +123,6 @@ def cut_metrics(plan: GroupPlan, passed: np.ndarray, args) -> dict[str, float]:
         "seeds/mean_cut_ratio": float(np.mean(ratios)),
         "seeds/seeded_pass_rate": float(np.asarray(passed, dtype=bool)[plan.global_seeded].mean()),
     }
-    if args.cut_selection == "target":
-        values["seeds/target_pass_rate"] = args.target_pass_rate
+    if target_pass_rate is not None:
+        values["seeds/target_pass_rate"] = target_pass_rate
     return values

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from types import SimpleNamespace
 
 import transformers.trainer as hf_trainer
 
@@ -115,3 +116,19 @@ def seeds_kept_out_of_model_repo():
     original = hf_trainer.hf_api
     with replaced(hf_trainer, "hf_api", lambda: _ModelRepoApi(original())):
         yield
+
+
+def without_tied_keys(model, load_result):
+    """`load_result` without the missing keys that are ties of loaded ones, which `model` ties again.
+
+    A checkpoint of a model with tied weights (the tiny model, Qwen2.5-0.5B) does not store the tied copy (the LM
+    head), so transformers warns on every resume that `lm_head.weight` is missing, though loading the embedding loaded
+    it. Only a missing key that is not the tie of a loaded one is worth the warning (`_issue_warnings_after_load`).
+    """
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    missing = set(load_result.missing_keys)
+    untied = [key for key in load_result.missing_keys if tied.get(key) is None or tied[key] in missing]
+    if len(untied) == len(missing):
+        return load_result
+    model.tie_weights()
+    return SimpleNamespace(missing_keys=untied, unexpected_keys=load_result.unexpected_keys)
