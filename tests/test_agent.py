@@ -86,13 +86,16 @@ def test_register_replays_its_observations_and_scores_the_calls():
 
 
 @pytest.mark.parametrize("tool", ["calculator", "register"])
-def test_trains_through_trls_tool_loop(tool, warm, tmp_path):
+def test_trains_through_trls_tool_loop(tool, warm, tmp_path, capsys):
     """`trainer.train()` with plain TRL rollouts (seed_method="none"): the model calls tools in some rollouts."""
     tokenizer, model = warm(tool)
     task = AgentTask(tool=tool)
     train, held_out = task.make_splits(16, 8)
-    rewards = sample_agent_rewards(model, tokenizer, held_out, task, task.max_completion_tokens, num_samples=2)
+    rewards = sample_agent_rewards(
+        model, tokenizer, held_out, task, task.max_completion_tokens, num_samples=2, progress=True
+    )
     assert len(rewards) == 8 and all(len(r) == 2 for r in rewards)
+    assert "held-out rollouts" in capsys.readouterr().err  # the held-out evaluation's bar
     calls, environments = [], []
 
     def counting_reward(completions, answer, **kwargs):

@@ -84,15 +84,17 @@ def test_the_saved_embedded_model_reads_text_exactly_through_autotokenizer_and_p
 # The cards
 
 
-def test_the_model_card_loads_what_it_describes(embedded_run):
+def test_the_model_card_loads_what_it_describes(embedded_run, monkeypatch):
     card = ModelCard((embedded_run / "README.md").read_text())
     assert "This model is a model" not in card.text and "Qwen2ForCausalLM" not in card.text
     assert f"{embedded_run.name} is ts_trl's tiny Qwen2 model" in card.text  # named by what it is
     assert "| `learning_rate` | `0.0001` |" in card.text and "| `num_generations` | `4` |" in card.text
     assert "- TRL: " in card.text and "- Transformers: " in card.text  # framework versions, as TRL's cards
     assert card.data.license == "apache-2.0" and not card.data.datasets and not card.data.base_model
-    # The snippet loads the saved folder by a path that works from anywhere, and runs on the run's own prompt.
-    assert f'model="{embedded_run}"' in card.text
+    # The snippet loads the saved folder by its name (it lies outside the folder the run started from), never by this
+    # machine's absolute path, and runs, from the folder's parent, on the run's own prompt.
+    assert f'model="{embedded_run.name}"' in card.text and str(embedded_run.parent) not in card.text
+    monkeypatch.chdir(embedded_run.parent)
     assert _run_snippet(card.text).strip() != ""
 
     dataset_card = DatasetCard((embedded_run / "seeds" / "README.md").read_text())
@@ -105,7 +107,7 @@ def test_the_model_card_loads_what_it_describes(embedded_run):
 # The adapter of the embedded model
 
 
-def test_an_adapter_of_the_embedded_model_names_a_base_that_loads(adapter_run):
+def test_an_adapter_of_the_embedded_model_names_a_base_that_loads(adapter_run, monkeypatch):
     from peft import AutoPeftModelForCausalLM, PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -118,6 +120,7 @@ def test_an_adapter_of_the_embedded_model_names_a_base_that_loads(adapter_run):
     card = ModelCard((adapter_run / "README.md").read_text())
     assert card.data.library_name == "peft" and 'from_pretrained(f"{folder}/base_model")' in card.text
     assert "PEFT adapter for ts_trl's tiny Qwen2 model" in card.text
+    monkeypatch.chdir(adapter_run.parent)  # the snippet names the folder, as seen from its parent
     assert _run_snippet(card.text).strip() != ""
     base = AutoModelForCausalLM.from_pretrained(adapter_run / "base_model")
     assert base.config.vocab_size == len(build_tokenizer())

@@ -224,6 +224,45 @@ def test_bad_input_is_one_clear_line_before_training(extra, message, tiny_dir, t
     assert not (tmp_path / "run").exists()  # nothing was trained or written
 
 
+@pytest.mark.parametrize(
+    "with_dataset, extra, message",
+    [
+        (False, ["--max_train_samples", "64"], "--max_train_samples set a dataset's data"),
+        (False, ["--prompt_column=q", "--max-train-samples", "8"], "--max_train_samples, --prompt_column set"),
+        (True, ["--embedded_train_problems", "64"], "--embedded_train_problems set the built-in task"),
+        (True, ["--task", "chain"], "--task set the built-in task"),
+    ],
+)
+def test_a_setting_of_the_other_kind_of_data_is_one_clear_line(
+    with_dataset, extra, message, tiny_dir, tmp_path, monkeypatch, capsys
+):
+    """A built-in task ignores a dataset's settings and a dataset run the built-in task's: refused, not ignored."""
+    monkeypatch.chdir(tmp_path)
+    data = _data_args(tiny_dir, tmp_path / "run") if with_dataset else ["--output_dir", str(tmp_path / "run")]
+    line = _run_train_py(monkeypatch, capsys, [*data, *extra])
+    assert message in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_schedule_warning_names_the_flag_of_the_runs_data(tiny_dir, tmp_path, monkeypatch, caplog):
+    """A run that cannot seed within its steps is told how to train on fewer prompts, by the flag its data reads."""
+    monkeypatch.setenv("TS_TRL_CACHE", str(_embedded_warm_cache(tmp_path)))
+    one_step = ["--max_steps", "1", "--save_steps", "1", "--disable_tqdm", "true", "--report_to", "none"]
+    embedded = ["--output_dir", str(tmp_path / "embedded"), *EMBEDDED_TINY, "--embedded_eval_problems", "0"]
+    dataset = [*_data_args(tiny_dir, tmp_path / "dataset"), *SMALL, "--use_cpu"]
+    for argv, flag, other in (
+        (embedded, "--embedded_train_problems", "--max_train_samples"),
+        (dataset, "--max_train_samples", "--embedded_train_problems"),
+    ):
+        caplog.clear()
+        monkeypatch.setattr(sys, "argv", ["train.py", *argv, *one_step])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+        assert exit_info.value.code == 0
+        (warning,) = [r.getMessage() for r in caplog.records if "would train plain GRPO" in r.getMessage()]
+        assert f"train on fewer prompts ({flag})" in warning and other not in warning
+
+
 def test_unknown_recipe_key_is_one_clear_line(tiny_dir, tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("# Seeding\nseed_fraction: 0.5\nseed_fractoin: 0.3\n")

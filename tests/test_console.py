@@ -40,6 +40,7 @@ def test_train_help_shows_general_defaults_lists_config_and_is_answered_without_
     assert "--config RECIPE A recipe: a YAML file of these flags, or a shipped recipe's name (embedded," in text
     assert "--output_dir" in text and not DASH_FLAG.search(first.stdout), DASH_FLAG.findall(first.stdout)
     assert "Setting accelerator to CPU" not in first.stdout + first.stderr
+    assert "ts_trl train: building the help: importing TRL" in first.stderr  # said before the wait, not after
 
     # The second time, the same text comes from the cache: a `trl` or `torch` that cannot be imported does not matter.
     broken = tmp_path / "broken"
@@ -48,6 +49,29 @@ def test_train_help_shows_general_defaults_lists_config_and_is_answered_without_
         (broken / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
     second = _run(["train", "--help"], tmp_path, COLUMNS="100", PYTHONPATH=f"{broken}{os.pathsep}{ROOT}")
     assert second.returncode == 0 and second.stdout == first.stdout, second.stderr
+    assert "building the help" not in second.stderr
+
+
+def _broken(tmp_path) -> Path:
+    """A folder whose `trl` and `torch` fail to import: put first on PYTHONPATH, it shows what a command needed."""
+    broken = tmp_path / "broken"
+    for name in ("trl", "torch", "transformers"):
+        (broken / name).mkdir(parents=True)
+        (broken / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
+    return broken
+
+
+@pytest.mark.parametrize("command", [["-m", "ts_trl", "train"], ["train.py"]])
+def test_settings_a_dataset_run_lacks_are_named_at_once_before_trl_is_imported(command, tmp_path):
+    environment = {**os.environ, "PYTHONPATH": f"{_broken(tmp_path)}{os.pathsep}{ROOT}"}
+    result = subprocess.run(
+        [sys.executable, *command, "--dataset_path", str(tmp_path / "none.jsonl"), "--output_dir", str(tmp_path)],
+        capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    (line,) = result.stderr.splitlines()
+    assert result.returncode == 2 and line.startswith(("ts_trl train: error: ", "train.py: error: ")), result.stderr
+    for named in ("--model_name_or_path is required", "--reward_funcs is required", "none.jsonl: no such file"):
+        assert named in line
 
 
 def test_the_top_level_help_lists_the_commands_without_importing_trl(tmp_path):
@@ -124,6 +148,37 @@ def test_a_short_run_logs_held_out_pass_at_1_to_tensorboard_and_prints_one_line_
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and len(rows[1]) > 20  # every metric, in full
     assert "Setting accelerator to CPU" not in printed
+
+
+def test_one_step_time_is_counted_the_same_way_on_each_line_the_bar_and_the_last_line(monkeypatch, capsys):
+    """Wall-clock seconds per step (evaluations and checkpoints included) on every line, in the progress bar and in
+    the last line; TRL's training-step time shown beside it is labelled as such."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from ts_trl.cli import console
+
+    clock = iter([100.0, 110.0, 130.0])  # train begins; step 2 logged 10 s later; step 4 20 s after that
+    monkeypatch.setattr(console.time, "perf_counter", lambda: next(clock))
+    args, control = TrainingArguments(output_dir="unused", report_to=[]), TrainerControl()
+    state = TrainerState(max_steps=4, is_world_process_zero=True)
+    printer = console.CompactPrinter()
+    printer.on_train_begin(args, state, control)
+    for step, logs in ((2, {"loss": 0.5, "step_time": 1.25}), (2, {"eval_held_out_pass@1": 0.5}), (4, {"loss": 0.1})):
+        state.global_step = step
+        printer.on_log(args, state, control, logs=logs)
+    printer.on_log(args, state, control, logs={"train_runtime": 30.0, "train_loss": 0.3})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("s/step 5.00 (training 1.25)")  # 10 s over 2 steps, and TRL's step_time labelled
+    assert "s/step" not in lines[1]  # the held-out score of the same step: no steps to time
+    assert lines[2].endswith("s/step 10.00")
+    assert lines[3] == "trained 4 steps in 0.5 min (7.50 s/step, wall clock, evaluations and checkpoints included), " \
+        "mean loss 0.3"  # fmt: skip
+
+    monkeypatch.setattr(console.time, "perf_counter", lambda: 0.0)
+    bar = console.CompactProgress()
+    bar.on_train_begin(args, TrainerState(max_steps=4, is_world_process_zero=True), control)
+    assert bar.training_bar.unit == "step" and bar.training_bar.smoothing == 0  # the mean since the start, in s/step
+    bar.training_bar.close()
 
 
 @pytest.mark.parametrize("omp", [None, "2"])

@@ -160,3 +160,15 @@ def test_the_package_keeps_seven_floors():
         room = _floor(name)[0]
         rooms.setdefault(room, set()).update(_floor(t)[0] for t in targets if _floor(t)[0] != room)
     assert max(_floors_of(rooms).values()) <= MOST_FLOORS
+
+
+def test_a_function_over_50_lines_says_why_it_reads_best_whole():
+    """STYLE.md's small functions: one over 50 lines (signature and docstring included) gives its reason in its
+    docstring, after `Long:`."""
+    unexplained = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
+                if "Long:" not in (ast.get_docstring(node) or ""):
+                    unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
+    assert not unexplained, "\n".join(unexplained)

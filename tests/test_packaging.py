@@ -119,6 +119,30 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     assert "Setting accelerator to CPU" not in result.stdout + result.stderr
 
 
+def test_the_agentic_python_example_runs_as_written_and_shows_a_seeded_tool_turn(tmp_path):
+    """docs/agentic.md's Python block, pasted into a fresh interpreter in an empty folder: it trains with tools, and
+    prints a seeded rollout whose prefix holds a model turn's tool call and the tool's result."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    doc = (ROOT / "docs" / "agentic.md").read_text()
+    code = doc.split("## Example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TS_TRL_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    counts = re.fullmatch(r"(\d+) seeded rollouts, (\d+) with a tool result in their prefix", lines[-3])
+    assert counts and int(counts.group(2)) > 0, result.stdout[-2000:]
+    prefix = lines[-2]
+    assert prefix.startswith("prefix: ") and "[add " in prefix and "\\nR: " in prefix, prefix  # a call, its result
+    assert lines[-1].startswith("continued: ")
+    assert "Seeding starts late" not in result.stderr and "would train plain GRPO" not in result.stderr
+
+
 @pytest.mark.parametrize("python_flags", [[], ["-W", "error"]])
 def test_importing_the_library_leaves_other_libraries_warnings_and_logging_alone(python_flags):
     """`import ts_trl` (and the trainer it exports) changes no warning filter and no logger of another library."""

@@ -70,7 +70,7 @@ def test_resumed_run_draws_its_curve_from_step_0_and_times_only_its_own_steps(to
     for kind in curve:  # the steps before the checkpoint are the first run's own values
         assert {step: value for step, value in curve[kind].items() if step <= 2} == first[kind]
 
-    summary = re.search(r"trained steps 3-4 in [\d.]+ min \(([\d.]+) s/step\)", capsys.readouterr().out)
+    summary = re.search(r"trained steps 3-4 in [\d.]+ min \(([\d.]+) s/step, wall clock", capsys.readouterr().out)
     assert summary, "no end-of-training line for the resumed steps"
     runtime = trainer.state.log_history[-1]["train_runtime"]
     assert float(summary.group(1)) == pytest.approx(runtime / 2, abs=0.01)  # two steps trained, not four

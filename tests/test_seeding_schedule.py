@@ -2,17 +2,21 @@
 the step it predicts is the step `trainer.train()` first finds an eligible seed."""
 
 import logging
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
 
 from tests.conftest import TINY_SETTINGS, count_reward, logged, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+from ts_trl.cli.arguments import make_parser, parse_args
 from ts_trl.embedded.agent import add
+from ts_trl.embedded.tasks import TASKS
 from ts_trl.tiny import build_tiny_model
 from ts_trl.trainer.schedule import schedule_of
 
 SHARE = "seeds/eligible_group_share"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "seeding-schedule.md"
 
 
 def _first_eligible_step(trainer) -> int | None:
@@ -163,3 +167,14 @@ def test_multi_turn_options_seed_and_refuse_only_replay(tmp_path, tokenizer, opt
     ):
         build(seed_method="replay")
     assert build(seed_method="none").args.seed_method == "none"
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_every_builtin_tasks_default_run_seeds_from_the_step_its_docs_say(task, tmp_path, monkeypatch):
+    """`ts_trl train --task X` with its defaults seeds early in its run, and docs/seeding-schedule.md says when."""
+    monkeypatch.chdir(tmp_path)  # the default output_dir may hold the quick start's run
+    script_args, training_args, _ = parse_args(make_parser(), ["--task", task])
+    schedule = schedule_of(training_args, script_args.embedded_train_problems, 1)
+    assert schedule.first_seeded_step is not None and not schedule.late, schedule.describe()
+    (row,) = [line for line in DOCS.read_text().splitlines() if line.startswith(f"| `--task {task}`")]
+    assert f"step {schedule.first_seeded_step} of {schedule.total_steps}" in row, row

@@ -260,3 +260,14 @@ def test_every_registered_internal_has_a_check():
 @pytest.mark.parametrize("internal", sorted(CHECKS))
 def test_internal_still_works_as_relied_on(internal, plain_trainer):
     CHECKS[internal](plain_trainer)
+
+
+def test_a_hook_called_outside_a_training_step_does_what_grpo_trainers_does(monkeypatch):
+    """TRL's dispatch tests build a trainer without `__init__` and call `_generate`: the subclass hands it to TRL's,
+    as `GRPOTrainer` would run it, rather than failing on state only a training step sets."""
+    from ts_trl import SeedGRPOTrainer
+
+    sentinel = object()
+    monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: sentinel)
+    trainer = object.__new__(SeedGRPOTrainer)
+    assert trainer._generate(["a prompt"]) is sentinel

@@ -10,7 +10,8 @@ import argparse
 import sys
 from importlib import import_module
 
-from .cli.flags import HELP_FLAGS, cached_help, wants_help
+from .cli.early import answer_early
+from .cli.flags import HELP_FLAGS
 from .trainer.notices import quiet_dependencies
 
 # Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
@@ -51,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "train":
         prog = "ts_trl train"
-        if wants_help(argv[1:]) and "--config" not in argv and (text := cached_help(prog)) is not None:
-            print(text, end="")  # what `ts_trl train --help` printed last time, without importing TRL
-            return 0
+        try:
+            answer_early(prog, argv[1:])  # the cached help, or missing settings, before TRL is imported
+        except SystemExit as done:
+            return done.code
         from .cli.train import run  # lazy: start-up time (`ts_trl <command> --help` without TRL)
 
         return run(argv[1:], prog=prog)

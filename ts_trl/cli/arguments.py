@@ -51,6 +51,10 @@ EMBEDDED_DEFAULTS = {
 
 # Flags whose presence means "not the embedded default".
 _SOURCE_KEYS = ("model_name_or_path", "dataset_name", "dataset_path")
+# The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
+_DATASET_KEYS = ("dataset_name", "dataset_path")
+_DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
+_TASK_ONLY_PREFIX = "embedded_"
 
 
 @dataclass
@@ -94,7 +98,8 @@ class SeedScriptArguments(ScriptArguments):
             Fewest additions per problem; each level from here to `embedded_difficulty` is equally likely.
         embedded_train_problems (`int`, *optional*, defaults to `896`):
             Size of the built-in training set: too many to memorise, few enough that prompts come back (about eleven
-            times each in the default run, the first time at step 29 of 300) and find seeds in the bank.
+            times each in the default run, the first time at step 29 of 300) and find seeds in the bank. 64 with
+            `calculator` or `register` (8 prompts a step: seeding starts at step 11 of 100).
         embedded_eval_problems (`int`, *optional*, defaults to `256`):
             Size of the held-out set on which pass@1 is measured during training (0: no evaluation).
         embedded_eval_samples (`int`, *optional*, defaults to `8`):
@@ -127,7 +132,9 @@ class SeedScriptArguments(ScriptArguments):
     )
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
-    embedded_train_problems: int = field(default=896, metadata={"help": "Built-in task: training problems."})
+    embedded_train_problems: int = field(
+        default=896, metadata={"help": "Built-in task: training problems (64 with --task calculator or register)."}
+    )
     embedded_eval_problems: int = field(
         default=256, metadata={"help": "Built-in task: held-out problems for pass@1 (0: no evaluation)."}
     )
@@ -216,9 +223,12 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
             for key in unknown
         ]
         raise ConfigError(f"--config {path}: unknown key(s): {', '.join(hints)}.")
+    given = set(recipe) | _flags_given(parser, argv)
     named = any(recipe.get(key) for key in _SOURCE_KEYS) or any(
         arg.split("=", 1)[0] == f"--{key}" for arg in argv for key in _SOURCE_KEYS
     )
+    with_dataset = any(recipe.get(key) for key in _DATASET_KEYS) or bool(_flags_given(parser, argv) & {*_DATASET_KEYS})
+    refuse_settings_of_other_data(given, with_dataset)
     if not named:
         spec = task_spec(task_named(argv, recipe))
         unused = parser.set_defaults_with_config(**{**EMBEDDED_DEFAULTS, **spec.train_defaults})
@@ -235,6 +245,35 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         raise ConfigError(str(error).replace("\n", " ")) from error
     check_output_dir(training_args)
     return script_args, training_args, model_args
+
+
+def _flags_given(parser: TrlParser, argv: list[str]) -> set[str]:
+    """The fields that `argv` sets, whatever the spelling (`--max_train_samples`, `--max-train-samples=8`, `--no_x`)."""
+    actions = parser._option_string_actions
+    return {actions[arg.split("=", 1)[0]].dest for arg in argv if arg.split("=", 1)[0] in actions} - {"help"}
+
+
+def refuse_settings_of_other_data(given: set[str], with_dataset: bool) -> None:
+    """Refuses, in one line, settings that the run's kind of data would silently ignore: the built-in task's
+    (`--task`, `--embedded_*`) with a dataset, a dataset's (`--max_train_samples`, `--prompt_column`, ...) without."""
+    if with_dataset:
+        wrong = sorted(key for key in given if key.startswith(_TASK_ONLY_PREFIX) or key == "task")
+        if wrong:
+            raise ConfigError(
+                f"{_flag_list(wrong)} set the built-in task, and this run trains on a dataset (--dataset_name or "
+                "--dataset_path): drop them; --max_train_samples keeps the first rows of the dataset."
+            )
+        return
+    wrong = sorted(key for key in given if key in _DATASET_ONLY)
+    if wrong:
+        raise ConfigError(
+            f"{_flag_list(wrong)} set a dataset's data, and this run trains on the built-in task (no --dataset_name "
+            "nor --dataset_path): drop them; --embedded_train_problems sets how many training problems it has."
+        )
+
+
+def _flag_list(keys: list[str]) -> str:
+    return ", ".join(f"--{key}" for key in keys)
 
 
 def resolve_recipe(name: str) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -26,20 +27,26 @@ SHOWN = (
     ("eval_held_out_pass@1", "held-out pass@1", "{:.3f}"),
     ("eval_reward", "eval reward", "{:.3f}"),
     ("eval_loss", "eval loss", "{:.4g}"),
-    ("step_time", "s/step", "{:.2f}"),
 )
+# TRL's `step_time`: the training steps alone (generation, rewards, loss and update), not the evaluations and
+# checkpoints between them; shown beside the wall-clock s/step, labelled with what it counts.
+TRAINING_STEP_TIME = "step_time"
+# One step time, measured one way everywhere (each line, the progress bar, the last line, report.json): wall-clock
+# seconds per optimizer step, held-out evaluations and checkpoints included, which is what sizes a run.
+WALL_NOTE = "wall clock, evaluations and checkpoints included"
 
 
-def compact_line(state, logs: dict, first_step: int = 0) -> str:
+def compact_line(state, logs: dict, first_step: int = 0, wall_s_per_step: float | None = None) -> str:
     """One line for a logging step: the step and the few values in `SHOWN`; the end-of-training summary in words.
 
     `first_step` is the step this `train()` call started from (a resumed run's checkpoint): transformers' runtime
-    covers only the steps after it, and so does the time per step shown.
+    covers only the steps after it, and so does the time per step shown. `wall_s_per_step` is the wall-clock time per
+    step since the previous line.
     """
     if "train_runtime" in logs:
         runtime, trained = float(logs["train_runtime"]), state.global_step - first_step
         steps = f"steps {first_step + 1}-{state.global_step}" if first_step else f"{trained} steps"
-        line = f"trained {steps} in {runtime / 60:.1f} min ({runtime / max(trained, 1):.2f} s/step)"
+        line = f"trained {steps} in {runtime / 60:.1f} min ({runtime / max(trained, 1):.2f} s/step, {WALL_NOTE})"
         loss = logs.get("train_loss")
         return line + (f", mean loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
     parts = [f"step {state.global_step}/{state.max_steps}" if state.max_steps else f"step {state.global_step}"]
@@ -47,39 +54,62 @@ def compact_line(state, logs: dict, first_step: int = 0) -> str:
         value = logs.get(key)
         if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{label} {form.format(value)}")
+    if wall_s_per_step is not None:
+        training = logs.get(TRAINING_STEP_TIME)
+        training = f" (training {training:.2f})" if isinstance(training, (int, float)) else ""
+        parts.append(f"s/step {wall_s_per_step:.2f}{training}")
     return "  ".join(parts)
 
 
-class CompactProgress(ProgressCallback):
-    """TRL's progress bar, with `compact_line` printed above it at each logging step."""
+class _StepClock:
+    """Wall-clock seconds per optimizer step since the previous line (None on a line of the same step)."""
 
-    first_step = 0
+    # Before training begins (the step-0 held-out score is logged by a callback that begins first): no steps to time.
+    first_step = last_step = 0
+    last_time = 0.0
+
+    def start(self, state) -> None:
+        self.first_step = self.last_step = state.global_step  # after a resume, the checkpoint's step
+        self.last_time = time.perf_counter()
+
+    def lap(self, state) -> float | None:
+        if state.global_step <= self.last_step:
+            return None
+        now = time.perf_counter()
+        seconds = (now - self.last_time) / (state.global_step - self.last_step)
+        self.last_step, self.last_time = state.global_step, now
+        return seconds
+
+
+class CompactProgress(_StepClock, ProgressCallback):
+    """TRL's progress bar counting s/step as the lines do (the mean since the start, not tqdm's moving average),
+    with `compact_line` printed above it at each logging step."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        self.first_step = state.global_step  # after a resume, the checkpoint's step
+        if self.training_bar is not None:
+            self.training_bar.unit, self.training_bar.smoothing = "step", 0
+        self.start(state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        line = compact_line(state, logs, self.first_step)
+        line = compact_line(state, logs, self.first_step, self.lap(state))
         # What is logged before the bar exists (the held-out pass@1 of step 0, from a callback that begins first)
         # is printed plainly rather than lost.
         self.training_bar.write(line) if self.training_bar is not None else print(line, flush=True)
 
 
-class CompactPrinter(PrinterCallback):
+class CompactPrinter(_StepClock, PrinterCallback):
     """`compact_line` at each logging step, for `disable_tqdm` runs."""
-
-    first_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        self.first_step = state.global_step
+        self.start(state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            print(compact_line(state, logs, self.first_step), flush=True)
+            print(compact_line(state, logs, self.first_step, self.lap(state)), flush=True)
 
 
 class MetricsFile(TrainerCallback):

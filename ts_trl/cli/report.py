@@ -98,6 +98,8 @@ def format_report(report: dict, title: str) -> str:
         return f"{value:.3f}" if isinstance(value, float) else str(value)
 
     for key, value in report.items():
+        if value is None:
+            continue  # not measured (an interrupted run's held-out score waits for its resume): not shown as "None"
         if isinstance(value, dict):
             lines.append(f"  {key}")
             lines += [f"    {name:<22} {show(item)}" for name, item in value.items()]

@@ -11,10 +11,12 @@ overrides them. Recipes and accelerate configs shipped with the package can be n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 
+from transformers.utils import logging as transformers_logging
 from trl import TrlParser, get_peft_config, get_quantization_config
 
 from ..embedded.cpu import embedded_training_threads, torch_threads
@@ -22,10 +24,12 @@ from ..embedded.curve import LearningCurve
 from ..embedded.tasks import build_task_model, is_real_model_task, make_task, task_reward
 from ..rewards import check_reward_columns, get_reward_funcs
 from ..smollm2 import model_path
+from ..trainer.schedule import fewer_prompts_by
 from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
 from .data import load_training_data
+from .early import missing_settings
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
 from .report import held_out_pass_at_1, logged_held_out_pass_at_1, report_run
@@ -83,10 +87,6 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args, task
         }
         training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
         return model_args.model_name_or_path, None
-    if not is_embedded_task(script_args):
-        raise ConfigError(
-            "--model_name_or_path is required with a dataset (the tiny built-in model only knows the built-in task)."
-        )
     if quantized:
         raise ConfigError(
             "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
@@ -112,8 +112,14 @@ def build_trainer(script_args: SeedScriptArguments, training_args, model_args, t
     Returns the trainer, its Ctrl-C callback and the held-out set of the built-in task (None with a dataset).
     """
     embedded = task is not None
-    if not script_args.reward_funcs and not embedded:
-        raise ConfigError("--reward_funcs is required with a dataset, e.g. --reward_funcs math format.")
+    missing = missing_settings(
+        with_dataset=not embedded,
+        model=model_args.model_name_or_path,
+        reward_funcs=script_args.reward_funcs,
+        dataset_path=script_args.dataset_path,
+    )
+    if missing is not None:  # all of them at once, before anything loads
+        raise ConfigError(missing)
     model, tokenizer = load_model(script_args, training_args, model_args, task)
     train_dataset, eval_dataset = load_training_data(
         script_args, with_eval=not embedded and training_args.eval_strategy != "no", task=task
@@ -164,6 +170,19 @@ def save_and_push(trainer, script_args, metrics: dict) -> ConnectionError | None
     return None
 
 
+@contextlib.contextmanager
+def no_transformers_bars():
+    """Inside the block, transformers' own progress bars are off: once the model is loaded, they would only add a
+    "Writing model shards" bar per checkpoint under the training bar."""
+    was_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+
+
 def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     """Trains with Thinking Seeds; returns 0, or 130 (Ctrl-C) or 143 (SIGTERM) once the checkpoint of an interrupted run is saved.
 
@@ -172,13 +191,15 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     start = time.time()
     embedded = is_embedded_task(script_args)
-    with fail_clearly():
+    # The schedule's advice names the flag that makes this run's prompts fewer.
+    fewer_prompts = "--embedded_train_problems" if embedded else "--max_train_samples"
+    with fail_clearly(), fewer_prompts_by(fewer_prompts):
         task = embedded_task(script_args, training_args.seed) if embedded else None
         trainer, interrupt, held_out = build_trainer(script_args, training_args, model_args, task)
     trainer.accelerator.print(
         f"Training on {trainer.accelerator.num_processes} process(es), DeepSpeed: {trainer.is_deepspeed_enabled}"
     )
-    with torch_threads(embedded_training_threads() if embedded else None):
+    with torch_threads(embedded_training_threads() if embedded else None), no_transformers_bars():
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # The learning curve scored the untrained model at step 0 (a resumed run has it from its checkpoint) and the last
     # step: read here, not sampled again. An interrupted run stops now: the held-out score waits for the resumed run.
@@ -189,7 +210,8 @@ def main(script_args: SeedScriptArguments, training_args, model_args) -> int:
         if after is None:
             after = held_out_pass_at_1(trainer, held_out, script_args.embedded_eval_samples, task)
     metrics = {"held_out_pass@1_before": before, "held_out_pass@1_after": after} if embedded else {}
-    push_error = save_and_push(trainer, script_args, metrics)
+    with no_transformers_bars():
+        push_error = save_and_push(trainer, script_args, metrics)
     report = report_run(trainer, start, metrics, interrupted=interrupt.interrupted)
     trainer.end()
     if interrupt.interrupted:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 from datasets import Dataset
+from tqdm.auto import tqdm
 from transformers.utils.chat_parsing import parse_response as parse_with_template
 
 from ts_trl.embedded.cpu import torch_threads
@@ -256,6 +257,7 @@ def sample_agent_rewards(
     num_samples: int = 1,
     seed: int = 0,
     num_threads: int | None = 1,
+    progress: bool = False,
 ) -> list[list[float]]:
     """Runs the tool loop with Hugging Face `generate` as TRL's does (ids concatenated, never re-tokenised;
     `max_new_tokens` bounds model and tool tokens together; a tool result that would not fit ends the rollout) and
@@ -283,6 +285,7 @@ def sample_agent_rewards(
     sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
     was_training = model.training
     model.eval()
+    bar = tqdm(total=len(rows), desc="held-out rollouts", unit="rollout", disable=not progress, leave=False)
     try:
         with torch.random.fork_rng(), torch_threads(num_threads):
             torch.manual_seed(seed)
@@ -319,8 +322,10 @@ def sample_agent_rewards(
                     if len(completion_ids[i]) + len(shown_ids) < max_new_tokens:  # TRL rolls an overlong result back
                         completion_ids[i] += shown_ids
                         still.append(i)
+                bar.update(len(active) - len(still))  # the rollouts that ended this round
                 active = still
     finally:
+        bar.close()
         model.train(was_training)
     rewards = agent_reward(
         [[{"role": "assistant", "content": "\n".join(t)}] for t in texts], [r["answer"] for r in rows]

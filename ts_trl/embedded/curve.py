@@ -66,6 +66,7 @@ class LearningCurve(TrainerCallback):
         if any(step == state.global_step and kind == "held_out_pass@1" for step, kind, _ in self.points):
             return
         sampling = {"temperature": self.temperature, "num_samples": self.num_samples, "seed": self.seed}
+        sampling["progress"] = not args.disable_tqdm  # seconds to a minute: a bar, as TRL's steps have
         if isinstance(self.task, AgentTask):  # sampled through the task's tool loop
             value = agent_pass_at_1(model, self.tokenizer, self.eval_set, self.task, self.max_new_tokens, **sampling)
         else:

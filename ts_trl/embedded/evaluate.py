@@ -48,7 +48,8 @@ def sample_rewards(
     try:
         with torch.random.fork_rng(), torch_threads(num_threads):
             torch.manual_seed(seed)
-            for start in tqdm(range(0, len(rows), batch_size), desc="evaluating", disable=not progress):
+            batches = range(0, len(rows), batch_size)
+            for start in tqdm(batches, desc="held-out samples", unit="batch", disable=not progress, leave=False):
                 batch = rows[start : start + batch_size]
                 inputs = _tokenize_prompts(tokenizer, [row["prompt"] for row in batch])
                 output = model.generate(

@@ -48,7 +48,9 @@ def recipe_values(name: str) -> dict:
 def _agent_spec(name: str) -> TaskSpec:
     """An agent task: 400 warm-up steps (held-out pass@1 0.19 calculator, 0.30 register, 4 samples on 64 problems);
     96 tokens hold every 3-operand trace with its tool results. Fewer, smaller steps than `add`: a rollout of 3-5
-    turns costs several generate calls. The training defaults are sized for run time, not tuned."""
+    turns costs several generate calls. The training defaults are sized for run time, not tuned, and so that the run
+    seeds: 64 prompts at 8 a step come back every 8 steps, and a seed shard every 10 steps makes the first seeded step
+    11 of 100 (with `add`'s 896 prompts none would come back within 100 steps)."""
     return TaskSpec(
         name,
         DEFAULT_MODEL_KWARGS,
@@ -58,8 +60,14 @@ def _agent_spec(name: str) -> TaskSpec:
             "output_dir": f"runs/{name}",
             "max_completion_length": 96,
             "embedded_warmup_steps": 400,
-            "per_device_train_batch_size": 64,
+            "per_device_train_batch_size": 64,  # 8 prompt groups of 8
             "max_steps": 100,
+            "embedded_train_problems": 64,
+            "save_steps": 10,
+            # Each held-out sample runs the tool loop (several generate calls): 64 problems x 4 samples, as the warm
+            # models were measured, keeps an evaluation to seconds rather than most of the run.
+            "embedded_eval_problems": 64,
+            "embedded_eval_samples": 4,
             "reward_funcs": ["ts_trl.embedded.agent:agent_reward"],
         },
         reward=agent_reward,

@@ -92,6 +92,8 @@ def agent_trajectory(messages, where: str) -> tuple[list[dict], list[dict]]:
     whose arguments are not a JSON object, a tool result that answers no call, a turn whose calls are answered only
     in part before the next turn, and a turn without calls that more messages follow (in TRL's loop it ends the
     rollout). The last turn's calls may go unanswered (TRL drops results that would overflow the budget).
+
+    Long: one message after another, each refusal next to the condition it names.
     """
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError(f"{where} holds {type(messages).__name__}, not chat messages (a list of role/content dicts).")

@@ -84,6 +84,8 @@ def render_model_card(
     dataset is an output, so it is linked in the text and not listed under `datasets`. `base_description` names a base
     that has no Hub id (e.g. "ts_trl's tiny ... model"); `base_subfolder` is where an adapter's base is saved inside
     `repo_ref` when it has no Hub id.
+
+    Long: a keyword-only signature of every field the template shows, then one mapping to the template.
     """
     hub_base = base_model if is_hub_id(base_model) else None
     card_data = ModelCardData(
@@ -178,9 +180,22 @@ TRACKER_BADGES = {
 }
 
 
+def _local_ref(folder: Path) -> str:
+    """How a card's snippet names the folder it is saved in: relative to where the run started when it lies below it
+    (`runs/embedded`), else by its name; never the absolute path, which names this machine's folders and breaks once
+    the folder is copied."""
+    try:
+        return Path(folder).relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return Path(folder).name
+
+
 def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metrics=None) -> ModelCard:
     """The model card of `trainer`'s run, as TRL's `create_model_card` gathers it (base model, tags, tracker links,
-    framework versions), rendered from this package's template with what a Hub visitor needs to load and judge it."""
+    framework versions), rendered from this package's template with what a Hub visitor needs to load and judge it.
+
+    Long: TRL's `create_model_card` gathering, one field after another, then one call of the renderer.
+    """
 
     args, model = trainer.args, trainer.model
     output_dir = Path(args.output_dir).resolve()
@@ -219,7 +234,7 @@ def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metri
     return render_model_card(
         base_model=None if saved_base else name_or_path,
         model_name=model_name or output_dir.name,
-        repo_ref=trainer.hub_model_id if pushed else str(output_dir),
+        repo_ref=trainer.hub_model_id if pushed else _local_ref(output_dir),
         dataset_name=dataset_name,
         seed_dataset_id=args.hub_seed_dataset_id if args.push_seeds_to_hub else None,
         is_peft=is_peft,

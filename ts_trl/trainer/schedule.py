@@ -11,6 +11,8 @@ step `t + 1`, and that is the step this module reports.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import logging
 import math
@@ -25,6 +27,19 @@ LATE_SHARE = 0.25  # seeding that starts after this share of the run is worth a 
 # expected eligible groups, summed, reach -ln(1e-6)): a zero share there means something other than the schedule.
 EXPECTED_ELIGIBLE_GROUPS = -math.log(1e-6)
 ELIGIBLE_SHARE_KEY = "seeds/eligible_group_share"
+# What makes a run's prompts fewer, as its user sets it: a library user passes a smaller train_dataset; a command
+# names its own flag for the kind of data it trains on (`fewer_prompts_by`).
+_FEWER_PROMPTS = contextvars.ContextVar("fewer_prompts", default="a smaller train_dataset")
+
+
+@contextlib.contextmanager
+def fewer_prompts_by(setting: str):
+    """Inside the block, the schedule's advice names `setting` as the way to train on fewer prompts."""
+    token = _FEWER_PROMPTS.set(setting)
+    try:
+        yield
+    finally:
+        _FEWER_PROMPTS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -64,9 +79,9 @@ class SeedingSchedule:
             reasons.append(f"the first seed shard is written after step {self.first_snapshot_step}")
         return (
             f"{shape}; {when}: {', '.join(reasons)}. Seeds are drawn per prompt, so prompts must come "
-            "back: raise num_train_epochs (or max_steps), train on fewer prompts (max_train_samples), and write seed "
-            "shards early (seed_snapshot_steps, save_steps); seed_min_age delays seeding further. seed_method='none' "
-            "trains plain GRPO."
+            f"back: raise num_train_epochs (or max_steps), train on fewer prompts ({_FEWER_PROMPTS.get()}), and write "
+            "seed shards early (seed_snapshot_steps, save_steps); seed_min_age delays seeding further. "
+            "seed_method='none' trains plain GRPO."
         )
 
 
@@ -142,6 +157,9 @@ def seeding_schedule(
     no `seed_snapshot_steps`, or fewer prompts than one generation, which the trainer refuses on its own).
 
     It walks the run's generation batches in order, as TRL makes them, and adds up each one's expected eligible groups.
+
+    Long: a keyword-only signature of every setting that moves the schedule, then the arithmetic in the order the run
+    takes its steps.
     """
     steps_per_generation = steps_per_generation or gradient_accumulation_steps
     prompts_per_generation = per_device_train_batch_size * num_processes * steps_per_generation // num_generations

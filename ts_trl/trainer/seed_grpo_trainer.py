@@ -86,6 +86,9 @@ class SeedGRPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "thinking-seeds"]
     _in_tool_loop = False  # set while TRL's tool loop runs (`_tool_call_loop`)
+    # The generation batch being made (None outside a training step). A class default too: a hook called on a trainer
+    # built without `__init__` (as TRL's own dispatch tests build one) then does what GRPOTrainer's does.
+    _seed_batch: SeedBatch | None = None
     _name = "Thinking Seeds"
     _paper = {
         "title": "Thinking Seeds: Restarting On-Policy RL from the Model's Own Past Reasoning States",
