@@ -22,6 +22,7 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,7 @@ TRACE_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv")
 SCORE_BATCH = 64  # traces per reward call of `seed_filter="success"`
 CUT_POSITIONS = "cut_positions"  # the cached table's column: where each text seed may be cut
 MAX_CUT_CANDIDATES = 64  # text boundaries checked per trace (evenly spread): enough for any cut ratio
+RETOKENISE_BATCH = 64  # traces re-tokenised together (larger batches ran slower: their lists outgrow the caches)
 
 
 @dataclass
@@ -575,20 +577,94 @@ def retokenise(tokenizer, text: str, newline_only: bool = False) -> tuple[list[i
     the cut never falls inside a token it would split differently. At most `MAX_CUT_CANDIDATES` boundaries, evenly
     spread over the text, are checked, which bounds the cost at that many tokenisations of a prefix per trace.
     """
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return retokenise_many(tokenizer, [text], newline_only)[0]
+
+
+def retokenise_many(tokenizer, texts: list[str], newline_only: bool = False) -> list[tuple[list[int], np.ndarray]]:
+    """`retokenise` of each text, with one tokenizer call for all their prefixes and one for all their decodings.
+
+    Where this tokenizer is a plain fast (Rust) tokenizer, its backend is called directly (`_fast_codec`), which
+    returns what the tokenizer's own `__call__` and `batch_decode` return without their per-token Python work.
+    """
+    encode, decode = _fast_codec(tokenizer)
+    ends = [_boundaries(text, newline_only) for text in texts]
+    encoded = encode([*texts, *(text[:p] for text, found in zip(texts, ends) for p in found)])
+    whole, encoded = encoded[: len(texts)], iter(encoded[len(texts) :])
+    candidates = []  # (trace, p, ids of text[:p]) where those ids are the trace's first ids
+    for t, (ids, found) in enumerate(zip(whole, ends)):
+        for p, e in zip(found, encoded):
+            if 0 < len(e) < len(ids) and ids[: len(e)] == e:
+                candidates.append((t, p, e))
+    decoded = decode([e for _, _, e in candidates]) if candidates else []
+    cuts: list[set[int]] = [set() for _ in texts]
+    for (t, p, e), back in zip(candidates, decoded):
+        if back == texts[t][:p]:
+            cuts[t].add(len(e))
+    return [(ids, np.array(sorted(found), np.int32)) for ids, found in zip(whole, cuts)]
+
+
+_SPACE = re.compile(r"\s")  # CPython's `\s` on str is `str.isspace` (both `Py_UNICODE_ISSPACE`)
+
+
+def _boundaries(text: str, newline_only: bool) -> list[int]:
+    """The text boundaries a cut is checked at (at most `MAX_CUT_CANDIDATES`, evenly spread): positions `p` with
+    `0 < p < len(text)` right after a newline (`newline_only`), else next to whitespace."""
     if newline_only:
-        ends = [p for p in range(1, len(text)) if text[p - 1] == "\n"]
+        ends = [m.end() for m in re.finditer("\n", text) if m.end() < len(text)]
     else:
-        ends = [p for p in range(1, len(text)) if text[p - 1].isspace() or text[p].isspace()]
-    if not ends:
-        return ids, np.zeros(0, np.int32)
+        spaces = [m.start() for m in _SPACE.finditer(text)]
+        ends = sorted({p for i in spaces for p in (i, i + 1) if 0 < p < len(text)})
     if len(ends) > MAX_CUT_CANDIDATES:  # each check tokenises a prefix: O(length) per candidate
         ends = [ends[i] for i in np.unique(np.linspace(0, len(ends) - 1, MAX_CUT_CANDIDATES).round().astype(int))]
-    encoded = tokenizer([text[:p] for p in ends], add_special_tokens=False)["input_ids"]
-    candidates = [(p, e) for p, e in zip(ends, encoded) if 0 < len(e) < len(ids) and ids[: len(e)] == e]
-    decoded = tokenizer.batch_decode([e for _, e in candidates], skip_special_tokens=False)
-    cuts = {len(e) for (p, e), back in zip(candidates, decoded) if back == text[:p]}
-    return ids, np.array(sorted(cuts), np.int32)
+    return ends
+
+
+def _fast_codec(tokenizer):
+    """(encode, decode) of lists: exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]` and
+    `tokenizer.batch_decode(ids, skip_special_tokens=False)`.
+
+    For a `transformers` fast tokenizer that overrides none of the methods these go through, with no truncation,
+    padding or clean-up of spaces, they are the Rust backend's `encode` and `decode_batch` (transformers' own calls
+    convert every id through Python, which made re-tokenising 10^5 traces take minutes); otherwise the tokenizer's
+    own methods.
+    """
+
+    def encode(texts):
+        return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+    def decode(ids):
+        return tokenizer.batch_decode(ids, skip_special_tokens=False)
+
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers: its own methods
+        return encode, decode
+    kind = type(tokenizer)
+    plain = isinstance(tokenizer, TokenizersBackend) and all(
+        getattr(kind, name, None) is getattr(base, name, None)
+        for base, names in (
+            (PreTrainedTokenizerBase, ("__call__", "batch_decode", "_get_padding_truncation_strategies")),
+            (TokenizersBackend, ("_encode_plus", "set_truncation_and_padding", "decode", "_decode")),
+        )
+        for name in names
+    )
+    if not plain:
+        return encode, decode
+    encode(["a"])  # transformers' own call sets the backend's truncation, padding and special-token splitting
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None or backend.padding is not None or tokenizer.clean_up_tokenization_spaces:
+        return encode, decode
+    if backend.encode_special_tokens != bool(tokenizer.split_special_tokens):
+        return encode, decode
+
+    def fast_encode(texts):  # one text at a time: the batch call's worker threads cost more CPU than they save
+        return [backend.encode(text, add_special_tokens=False).ids for text in texts]
+
+    def fast_decode(ids):
+        return backend.decode_batch(ids, skip_special_tokens=False)
+
+    return fast_encode, fast_decode
 
 
 def success_scores(traces, rows, train_dataset, success, source, main=True) -> np.ndarray:
@@ -679,7 +755,13 @@ def text_seeds(
         tokenised = {i: rendered[i][:2] for i in kept}
         turns = [(rendered[i][2], json.dumps(traces[i].turns)) for i in kept]
     else:
-        tokenised = {i: retokenise(tokenizer, traces[i].text, settings.cut_at_newline) for i in kept}
+        tokenised = {}
+        for start in range(0, len(kept), RETOKENISE_BATCH):
+            batch = kept[start : start + RETOKENISE_BATCH]
+            texts = [traces[i].text for i in batch]
+            done = retokenise_many(tokenizer, texts, settings.cut_at_newline)
+            # ids as arrays: a Python int per token made 10^5 traces' ids take hundreds of MB until the table was built
+            tokenised.update((i, (np.asarray(ids, np.int32), cuts)) for i, (ids, cuts) in zip(batch, done))
     _check_budget([len(tokenised[i][0]) for i in kept], settings.max_completion_length, source)
     prompt_ids = _prompt_ids(train_dataset)
     table = seed_rows_table(
@@ -756,13 +838,21 @@ def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards, turns=None) -> 
             "rollout_id": pa.array(rollout_ids, pa.string()),
             "prompt_id": pa.array(prompt_ids, pa.string()),
             "completion_ids": pa.array(ids, pa.list_(pa.int32())),
-            "logprobs": pa.array([[float("nan")] * len(x) for x in ids], pa.list_(pa.float32())),
+            "logprobs": _nan_lists([len(x) for x in ids]),
             "reward": pa.array(rewards, pa.float32()),
             "step": pa.array([0] * len(ids), pa.int32()),
             CUT_POSITIONS: pa.array([pair[1] for pair in tokenised], pa.list_(pa.int32())),
             **extra,
         }
     )
+
+
+def _nan_lists(lengths: list[int]) -> pa.Array:
+    """One list of NaN log-probs per seed, of its length, built without a Python float per token."""
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pa.array(np.full(int(offsets[-1]), np.nan, np.float32))
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(pa.float32()))
 
 
 def _cuts_of(table: pa.Table) -> dict[str, np.ndarray]:

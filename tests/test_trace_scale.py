@@ -1,0 +1,84 @@
+"""Text seeds at dataset scale: re-tokenising traces in batches gives exactly the seeds of one trace at a time."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import build_word_tokenizer
+from ts_trl.store import external_seeds
+from ts_trl.store.external_seeds import MAX_CUT_CANDIDATES, retokenise, retokenise_many
+from ts_trl.tiny import build_tokenizer
+
+TEXTS = [
+    " 7+15=22\n22+9=31\n#### 31",
+    "Let x be 12 and y 7:\nx + y = 19\n\n####  19 ",
+    "nospace",
+    "",
+    " ",
+    "a",
+    "\n\n",
+    "tabs\tand\x0bvertical\x1cseparators\u2028and\u00a0no-break\u3000spaces",
+    "ünïcödé  ✓ and 漢字 outside the vocabulary\n#### 3",
+    "<eos> special <pad> tokens as text <eos>",
+    " ".join(f"step {i}: {i}+1={i + 1}" + "\n" * (i % 3) for i in range(60)),  # more boundaries than are checked
+]
+
+
+def reference(tokenizer, text: str, newline_only: bool):
+    """`retokenise` as it was written first: one trace at a time, through the tokenizer's own methods."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if newline_only:
+        ends = [p for p in range(1, len(text)) if text[p - 1] == "\n"]
+    else:
+        ends = [p for p in range(1, len(text)) if text[p - 1].isspace() or text[p].isspace()]
+    if not ends:
+        return ids, np.zeros(0, np.int32)
+    if len(ends) > MAX_CUT_CANDIDATES:
+        ends = [ends[i] for i in np.unique(np.linspace(0, len(ends) - 1, MAX_CUT_CANDIDATES).round().astype(int))]
+    encoded = tokenizer([text[:p] for p in ends], add_special_tokens=False)["input_ids"]
+    candidates = [(p, e) for p, e in zip(ends, encoded) if 0 < len(e) < len(ids) and ids[: len(e)] == e]
+    decoded = tokenizer.batch_decode([e for _, e in candidates], skip_special_tokens=False)
+    cuts = {len(e) for (p, e), back in zip(candidates, decoded) if back == text[:p]}
+    return ids, np.array(sorted(cuts), np.int32)
+
+
+@pytest.mark.parametrize("build", [build_tokenizer, build_word_tokenizer])
+@pytest.mark.parametrize("newline_only", [False, True])
+def test_batched_retokenising_gives_the_seeds_of_one_trace_at_a_time(build, newline_only):
+    tokenizer = build()
+    expected = [reference(tokenizer, text, newline_only) for text in TEXTS]
+    assert any(len(cuts) for _, cuts in expected)
+    for got, want in zip(retokenise_many(tokenizer, TEXTS, newline_only), expected):
+        assert list(got[0]) == list(want[0]) and got[1].tolist() == want[1].tolist()
+    for text, want in zip(TEXTS, expected):
+        got = retokenise(tokenizer, text, newline_only)
+        assert list(got[0]) == list(want[0]) and got[1].tolist() == want[1].tolist()
+
+
+def test_the_backend_serves_a_plain_fast_tokenizer_and_the_tokenizer_itself_any_other(monkeypatch):
+    """The tokenizer's own methods convert every id in Python (most of the cost at 10^5 traces): a plain fast
+    tokenizer is re-tokenised through its Rust backend, and a tokenizer that changes a method keeps it."""
+    import transformers.tokenization_utils_base as base
+
+    tokenizer = build_tokenizer()
+    expected = [reference(tokenizer, text, False) for text in TEXTS]
+    monkeypatch.setattr(base, "to_py_obj", lambda *a, **k: pytest.fail("every id converted in Python"))
+    assert [c.tolist() for _, c in retokenise_many(tokenizer, TEXTS)] == [c.tolist() for _, c in expected]
+
+    class Lowered(type(build_tokenizer())):
+        def batch_decode(self, sequences, **kwargs):
+            return [text.lower() for text in super().batch_decode(sequences, **kwargs)]
+
+    monkeypatch.undo()
+    lowered = Lowered(tokenizer_object=build_tokenizer().backend_tokenizer)
+    text = "Upper Case Words Only"
+    assert retokenise_many(lowered, [text])[0][1].size == 0  # its decoding never gives the text back: no cut
+    assert retokenise_many(build_tokenizer(), [text])[0][1].size > 0
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="the equivalence is CPython's")
+def test_the_boundary_pattern_is_str_isspace():
+    characters = "".join(map(chr, range(sys.maxunicode + 1)))
+    by_pattern = {m.start() for m in external_seeds._SPACE.finditer(characters)}
+    assert by_pattern == {i for i, c in enumerate(characters) if c.isspace()}
