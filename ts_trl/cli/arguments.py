@@ -198,6 +198,8 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
 
     `--config` takes a recipe file or the name of a shipped recipe (`embedded`, `qwen2.5-math-1.5b_gsm8k`, ...).
     Unknown recipe keys and flags raise `ConfigError`.
+
+    Long: help, recipe, defaults and checks in the order the parser must take them, each refusal next to its condition.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv) and "--config" not in argv:

@@ -128,6 +128,8 @@ def read_external_seeds(
 
     `main`: this process writes the cache (every process computes the same seeds). `template`: a multi-turn run's
     (tools or environments), whose text seeds are agent trajectories rendered as TRL's tool loop writes them.
+
+    Long: the source's kinds (run folder, Hub seed dataset, text traces) and their checks in one dispatch.
     """
     if settings.seed_dataset is None:
         return None
@@ -417,6 +419,9 @@ def read_traces(
     `multi_turn` (a run with tools or environments): each trace is an agent trajectory (`agent_traces.py`), `messages`
     is the default column before `completion`, and a text trace is one final assistant turn. A ts_trl seed dataset of
     a multi-turn run (a `tool_mask` column) is read from its `messages` in any run: its `completion` is their JSON.
+
+    Long: one format after another (Parquet, JSON, JSONL, CSV; local or Hub), each refusal next to the condition it
+    names.
     """
     names = table.column_names
     if table.num_rows == 0:
@@ -636,8 +641,8 @@ def _fast_codec(tokenizer):
         return tokenizer.batch_decode(ids, skip_special_tokens=False)
 
     try:
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # lazy: private modules, may move
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend  # lazy: as above
     except ImportError:  # another transformers: its own methods
         return encode, decode
     kind = type(tokenizer)
@@ -716,6 +721,9 @@ def text_seeds(
 
     `success`: (the run's reward functions, their names, the success reward's name), for `seed_filter="success"`.
     `template`: a multi-turn run's `TurnTemplate`; each trace's turns are then rendered (`render_trajectory`).
+
+    Long: one pass over the traces: match, re-tokenise, check, cut points; each refusal next to the condition it
+    names.
     """
     rows = match_prompts(traces, train_dataset, source)
     kept = [i for i, row in enumerate(rows) if row is not None]
