@@ -132,7 +132,6 @@ class SeedGRPOTrainer(GRPOTrainer):
             self._check_seed_dataset()
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
-        self._seed_batch: SeedBatch | None = None  # the generation batch being made, see `_generate_and_score_...`
         self._prompt_length_of = PromptLengths(lambda prompts: self._tokenize_prompts(prompts)[0])
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
