@@ -135,7 +135,7 @@ class _GenerateSpy:
         return output
 
 
-def chat_add_reward(completions, **kwargs):
+def even_last_digit_reward(completions, **kwargs):
     """The chat-add task's reward without its answers: 1.0 for a reply with an even last digit (spread on any text)."""
     texts = [c[-1]["content"] for c in completions]
     return [float(bool(d := [ch for ch in t if ch.isdigit()]) and int(d[-1]) % 2 == 0) for t in texts]
@@ -187,7 +187,7 @@ def _build(name: str, spec: dict, settings: dict, output_dir: str):
         from ts_trl.embedded.chat_add import ChatAddTask
 
         prompts = ChatAddTask().make_splits(settings["num_prompts"], 1)[0]["prompt"]
-        model, reward = smollm2_135m_instruct(), chat_add_reward
+        model, reward = smollm2_135m_instruct(), even_last_digit_reward
         extra = {"peft_config": LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")}
     else:
         prompts = [f"Q: {i}+{i + 1}=" for i in range(settings["num_prompts"])]
