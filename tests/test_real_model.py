@@ -8,6 +8,7 @@ budget, so that the whole file takes minutes on 2 CPU cores; the model stays the
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -222,6 +223,24 @@ def test_smollm2_relay_and_positions_on_two_checkpoints(state_run, tmp_path):
     )  # fmt: skip
     positions = (positions_dir / "positions.csv").read_text().splitlines()
     assert len(positions) == 5 and (positions_dir / "positions.png").is_file()
+
+
+def test_probe_cuts_samples_the_real_model_on_chat_prompts(smollm2, tmp_path):
+    """`probe-cuts --task chat-add` probes the real model itself, renders the chat prompts through its template and
+    cuts at line starts as the task's recipe trains; its table is recomputed from its groups."""
+    out = tmp_path / "probe"
+    done = run_command(
+        "probe-cuts", "--task", "chat-add", "--num-prompts", "2", "--seeds", "2", "--generations", "2",
+        "--ratios", "0.5", "--max-completion-length", "12", "--output-dir", str(out),
+    )  # fmt: skip
+    assert "task chat-add, warm model" in done.stdout and "cuts snapped to line starts" in done.stdout
+    groups = list(csv.DictReader(open(out / "probe_cuts_groups.csv")))
+    plain = [g for g in groups if g["kind"] == "plain"]
+    seeded = [g for g in groups if g["kind"] == "seeded"]
+    assert len(plain) == 2 and 1 <= len(seeded) <= 4  # a seed that ends at once has no cut
+    summary = next(csv.DictReader(open(out / "probe_cuts.csv")))
+    passes = sum(int(g["passes"]) for g in seeded)
+    assert float(summary["pass_seeded"]) == pytest.approx(passes / (2 * len(seeded)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from ..embedded.tasks import TASKS, build_task_model, make_task, single_turn_only, task_spec
-from ..method.cutting import choose_cut
+from ..method.cutting import boundary_token_ids, choose_cut
 from .common import (
     InputError,
     check_ratios,
     load_checkpoint,
     output_dir,
+    prompt_token_ids,
     quiet_libraries,
     run_command,
     sample_continuations,
@@ -37,14 +38,27 @@ CANDIDATES = (0.9, 0.7, 0.5, 0.3)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ts_trl probe-cuts", description=__doc__.split("\n")[0])
-    parser.add_argument("--task", default="add", help="Built-in task: add or chain (its prompts and reward).")
-    parser.add_argument("--checkpoint", help="A model folder to probe (default: the task's warm model, cached).")
+    parser.add_argument(
+        "--task",
+        default="add",
+        help="Built-in single-turn task: add, chain, chain-strict or chat-add (its prompts and reward).",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        help="A model folder to probe (default: the task's model: the tiny tasks' warm model, cached; for chat-add "
+        "the real SmolLM2-135M-Instruct).",
+    )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(DEFAULT_RATIOS), help="Cut ratios in [0, 1).")
     parser.add_argument("--num-prompts", type=int, default=48, help="Training prompts probed.")
     parser.add_argument("--seeds", type=int, default=4, help="Seeds sampled per prompt (each cut at every ratio).")
     parser.add_argument("--generations", type=int, default=8, help="Group size: continuations per cut seed.")
     parser.add_argument("--max-completion-length", type=int, help="Token budget (default: the task's).")
     parser.add_argument("--cut-ratio-min", type=float, default=0.1, help="Lower end of the cut range to be used.")
+    parser.add_argument(
+        "--cut-at-newline",
+        action=argparse.BooleanOptionalAction,
+        help="Snap each cut to a line start, as training with cut_at_newline does (default: the task's recipe).",
+    )
     parser.add_argument(
         "--candidates", type=float, nargs="+", default=list(CANDIDATES), help="cut_ratio_max values tried, any order."
     )
@@ -76,8 +90,12 @@ def main(argv: list[str] | None = None) -> dict:
     spec = task_spec(args.task)
     task = make_task(args.task)
     budget = args.max_completion_length or spec.max_completion_length
+    if args.cut_at_newline is None:
+        args.cut_at_newline = bool(spec.train_defaults.get("cut_at_newline", False))
     if args.checkpoint:
         model, tokenizer = load_checkpoint(args.checkpoint)
+    elif spec.real_model is not None:  # a pretrained model is its own warm start
+        model, tokenizer = load_checkpoint(spec.real_model, "model")
     else:
         model, tokenizer = build_task_model(args.task, task, progress=False)
     model.eval()
@@ -103,7 +121,8 @@ def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget:
 
     reward = task_spec(args.task).reward
     eos = [tokenizer.eos_token_id]
-    prompts = [tokenizer(row["prompt"])["input_ids"] for row in rows]
+    boundaries = boundary_token_ids(tokenizer) if args.cut_at_newline else None
+    prompts = [prompt_token_ids(tokenizer, row["prompt"]) for row in rows]  # chat prompts through the template
     g = args.generations
 
     def score(row_indices, token_lists):
@@ -135,7 +154,7 @@ def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget:
     contexts, budgets, jobs = [], [], []
     for ratio in ratios:
         for i, seed_ids, seed_reward in seeds:
-            cut = choose_cut(seed_ids, ratio, eos, budget)
+            cut = choose_cut(seed_ids, ratio, eos, budget, boundaries)
             if cut is None:
                 continue
             jobs.append((ratio, i, seed_ids[: cut.k], seed_reward))
@@ -209,7 +228,8 @@ def format_table(summary: list[dict], choice: float | None, args, budget: int) -
     groups = summary[0]
     lines = [
         f"Cut probe, task {args.task}, {args.checkpoint or 'warm model'}: {args.num_prompts} training prompts x "
-        f"{args.seeds} seeds, groups of {args.generations}, budget {budget} tokens, temperature 1.",
+        f"{args.seeds} seeds, groups of {args.generations}, budget {budget} tokens, temperature 1"
+        f"{', cuts snapped to line starts' if args.cut_at_newline else ''}.",
         "",
         "| r | seeded groups | all-equal seeded | after a passing seed | after a failing seed | all-equal plain | "
         "pass seeded | pass after passing / failing seed | pass plain |",
