@@ -174,8 +174,8 @@ def recorded_training(trainer) -> list[dict]:
                 "messages": batch.generation.completions,
                 "rewards": batch.generation.rewards_per_func.tolist(),
                 "prompts": trainer.processing_class.batch_decode(output["prompt_ids"], skip_special_tokens=True),
-                "made": list(batch.prompts or []),
-                "keys": list(batch.keys or []),
+                "made": list(getattr(batch, "prompts", None) or []),
+                "keys": list(getattr(batch, "keys", None) or []),
                 "environments": [
                     (type(e), getattr(e, "total", None), list(getattr(e, "calls", [])))
                     for e in trainer.environments or []
@@ -288,6 +288,7 @@ def check_made_prompts(case: str, batches: list[dict]) -> None:
     seeded row's seed was banked under it. Where reset returns nothing, TRL's placeholder prompt is the row's."""
     factory = TRAINING[case]["environment_factory"]
     for batch in batches:
+        assert len(batch["keys"]) == len(batch["environments"])
         for i, (kind, _, _) in enumerate(batch["environments"]):
             made = TRAINING[case].get("made") or MADE_BY.get(kind)
             if made is None:
