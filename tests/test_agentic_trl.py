@@ -121,6 +121,25 @@ class FreshTask(LoggedCounter):
         return f"Add {FreshTask.draws} and {FreshTask.draws + 1}."
 
 
+class Unsteady(LoggedCounter):
+    """Returns its prompt at TRL's reset but another one when reset again within a generation batch (the undo of a
+    replay), and starts each batch's total at the batch's number, so that no replay answers as recorded."""
+
+    batch = 0  # generation batches scored so far (`counting_batches` counts them)
+
+    def reset(self, **row):
+        again = getattr(self, "reset_in", None) == Unsteady.batch
+        super().reset(**row)
+        self.reset_in = self.total = Unsteady.batch
+        return "Add 9 and 9." if again else "Add 1 and 2."
+
+
+def counting_batches(completions, **kwargs):
+    """`last_digits_even`, counting the generation batches it scores (once each) for `Unsteady`."""
+    Unsteady.batch += 1
+    return af.last_digits_even(completions, **kwargs)
+
+
 def malformed(turn: str) -> str:
     """The scripted tool call without its tool name: TRL's parser finds no call in it."""
     return turn.replace('"name": "add", ', "")
@@ -431,3 +450,25 @@ def test_multimodal_tools_are_refused(tmp_path):
         config=dict(seed_method="none"),
     )
     assert plain._is_vlm
+
+
+def test_undoing_a_replay_whose_reset_makes_another_prompt_is_said_once(tmp_path, monkeypatch, caplog):
+    """A replay that answers otherwise than recorded is undone by resetting the environment with its row again; where
+    that reset makes another prompt than the row is generated from, the log says so once, and training goes on."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(Unsteady, "batch", 0)
+    trainer = construct(
+        tmp_path,
+        None,
+        reward_funcs=counting_batches,
+        environment_factory=Unsteady,
+        config=dict(max_steps=3, agent_cut_points="turns"),
+    )
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    history = trainer.state.log_history
+    assert history[-1]["train_loss"] is not None
+    assert max(h.get("seeds/replay_mismatch_share", 0) for h in history) > 0
+    told = [r for r in caplog.records if "called again to undo a replay" in r.getMessage()]
+    assert len(told) == 1
+    assert not [r for r in caplog.records if "made another prompt for a row" in r.getMessage()]

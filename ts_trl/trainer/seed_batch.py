@@ -178,6 +178,19 @@ def prompt_of(row: dict) -> str | list:
     return json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
 
 
+def reset_prompt(prompt: list, observation) -> list:
+    """The prompt TRL renders from a row's prompt and what `reset(**row)` returned: the observation appended to the last
+    message's content (`GRPOTrainer._generate_and_score_completions`), the row's prompt itself for None."""
+    if observation is None:
+        return prompt
+    content = prompt[-1]["content"]
+    if isinstance(observation, list) and isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if isinstance(observation, str) and isinstance(content, list):
+        observation = [{"type": "text", "text": observation}]
+    return [*prompt[:-1], {**prompt[-1], "content": content + observation}]
+
+
 def row_keys(rows: Sequence[dict], prompts: Sequence | None = None) -> list[tuple[str, str]]:
     """Per row: its own key (`prompt_key`) and its seed key, the key of the prompt TRL rendered for it after
     `reset(**row)` when `prompts` are given (an environment run; the row's own key where reset returned nothing)."""
