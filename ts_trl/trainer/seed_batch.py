@@ -1,6 +1,7 @@
 """One generation batch of a seeded run as one record: the plan, decided before generation, and what came back.
 
-`SeedBatch` is the trainer's only per-batch state. `_generate_and_score_completions` makes it from the plan; the TRL
+`SeedBatch` is the trainer's only per-batch state. `_generate_and_score_completions` makes it from the plan (with
+environments, `_generate` plans it once TRL's `reset(**row)` made the prompts: `ResetPrompts`); the TRL
 hooks it runs fill in `generation` in order (`_generate_single_turn` the loss masks, `_generate` the responses,
 `_calculate_rewards` the rewards); it is dropped once the batch is scored and banked. The functions below are pure:
 which rows reach the backend with which prompt (`generation_request`), how each response is put back together
@@ -171,8 +172,8 @@ def prompt_key(row: dict) -> str:
 
 
 def prompt_of(row: dict) -> str | list:
-    """A row's prompt; for a row without one (its environment's `reset(**row)` makes the prompt), the row's fields
-    as JSON: they are all that tells its prompts apart."""
+    """A row's prompt; for a row without one (its environment's `reset(**row)` makes the prompt), the row's fields as
+    JSON: the row's own key (`row_keys`), its seed key where reset returned nothing."""
     if "prompt" in row:
         return row["prompt"]
     return json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)

@@ -3,7 +3,8 @@
 What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or changed):
 
 - `_generate_and_score_completions`: before generation, plans one cut per seeded prompt group (the same on every
-  rank) into a `SeedBatch`, the one per-batch record the hooks below fill in; afterwards banks every rollout with its
+  rank; with environments at the start of `_generate`, keyed by the prompts TRL's `reset(**row)` made) into a
+  `SeedBatch`, the one per-batch record the hooks below fill in; afterwards banks every rollout with its
   behaviour log-probs and reward, logs the seeding metrics, and gives tokens an earlier policy sampled (prefixes in
   `prefix_mode="action"`, replays) their advantages and behaviour log-probs.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call, then returns
