@@ -10,14 +10,17 @@ test_train_with_tools[multiply_tool]                   -> TRAINING["sync_tool"]
 test_train_with_tools[async_multiply_tool]             -> TRAINING["async_tool"]
   (its failing call)                                   -> TRAINING["failing_tool"]
 test_train_with_malformed_tool_calls                   -> TRAINING["malformed_tool_call"]
-test_train_with_environment_factory                    -> TRAINING["environment"]
+test_train_with_environment_factory                    -> TRAINING["environment"]; without a dataset (TRL's
+                                                          placeholder prompt) -> TRAINING["environment_no_dataset"]
 test_environment_owned_reward_coexists_with_reward_funcs -> TRAINING["environment"] (names, weights, reward)
 test_train_with_environment_owned_reward               -> TRAINING["environment_owned_reward"]
 test_train_with_multiple_environments                  -> TRAINING["environment_dict"]; its routing-only dataset
-                                                          (no prompt, no other column) -> REFUSED["routing_only"]
+                                                          (reset() makes each prompt) -> TRAINING["routing_only"]
 test_environment_owned_reward_mixed_environments       -> TRAINING["environment_dict"] (one class owns its reward)
-test_train_with_environment_owned_data                 -> TRAINING["environment_owned_prompt"] (reset(**row) makes
-                                                          the prompt); without a dataset -> REFUSED["no_dataset"]
+test_train_with_environment_owned_data                 -> TRAINING["owned_data"] (no dataset, reset() makes the
+                                                          prompt); from a task column -> TRAINING["environment_owned_
+                                                          prompt"]; a fresh task at each reset (prompts that never
+                                                          come back) -> test_prompts_reset_never_makes_again_never_seed
 test_train_with_unknown_environment_raises             -> test_unknown_environment_raises_at_train
 test_dataset_required_without_environment,
 test_environment_owned_data_requires_max_steps,
@@ -34,6 +37,7 @@ from datasets import Dataset
 from tests import agent_fixtures as af
 from tests.test_agentic import agent_config
 from ts_trl import SeedGRPOTrainer
+from ts_trl.store.schema import prompt_id_of
 
 
 class LoggedCounter(af.Counter):
@@ -82,6 +86,60 @@ class Tasked(LoggedCounter):
         return f"Add {task} and {task + 1}."
 
 
+class CountingTask(LoggedCounter):
+    """TRL's routing test's counter: the row holds only `environment`, and `reset()` returns the prompt."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        return "Add 1 and 2."
+
+
+class HundredsTask(Hundreds):
+    """The routing test's other environment, whose `reset()` returns another prompt."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        return "Add 3 and 4."
+
+
+class OwnedTask(LoggedCounter):
+    """TRL's environment-owned data: no dataset at all (TRL's placeholder row), and `reset()` returns the prompt."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        return "Add 5 and 6."
+
+
+class FreshTask(LoggedCounter):
+    """Draws a new task at every reset, as a procedurally generated environment does: no prompt ever comes back."""
+
+    draws = 0
+
+    def reset(self, **row):
+        super().reset(**row)
+        FreshTask.draws += 1
+        return f"Add {FreshTask.draws} and {FreshTask.draws + 1}."
+
+
+class Unsteady(LoggedCounter):
+    """Returns its prompt at TRL's reset but another one when reset again within a generation batch (the undo of a
+    replay), and starts each batch's total at the batch's number, so that no replay answers as recorded."""
+
+    batch = 0  # generation batches scored so far (`counting_batches` counts them)
+
+    def reset(self, **row):
+        again = getattr(self, "reset_in", None) == Unsteady.batch
+        super().reset(**row)
+        self.reset_in = self.total = Unsteady.batch
+        return "Add 9 and 9." if again else "Add 1 and 2."
+
+
+def counting_batches(completions, **kwargs):
+    """`last_digits_even`, counting the generation batches it scores (once each) for `Unsteady`."""
+    Unsteady.batch += 1
+    return af.last_digits_even(completions, **kwargs)
+
+
 def malformed(turn: str) -> str:
     """The scripted tool call without its tool name: TRL's parser finds no call in it."""
     return turn.replace('"name": "add", ', "")
@@ -97,14 +155,25 @@ TRAINING = {
     "environment": dict(environment_factory=LoggedCounter, config=dict(reward_weights=[0.5]), turns_only=True),
     "environment_owned_reward": dict(environment_factory=LoggedCounter, reward_funcs=None, turns_only=True),
     "environment_dict": dict(environment_factory={"counter": LoggedCounter, "hundreds": Hundreds}, turns_only=True),
-    "environment_owned_prompt": dict(environment_factory=Tasked, data="tasks", turns_only=True),
+    "environment_owned_prompt": dict(environment_factory=Tasked, data="tasks", turns_only=True, made="Add 3 and 4."),
+    # reset() makes the prompt with no prompt column at all: seeds are keyed by the prompt it made.
+    "environment_no_dataset": dict(environment_factory=LoggedCounter, data="none", turns_only=True),
+    "owned_data": dict(environment_factory=OwnedTask, data="none", turns_only=True, made="Add 5 and 6."),
+    "routing_only": dict(
+        environment_factory={"counter": CountingTask, "hundreds": HundredsTask}, data="routing", turns_only=True
+    ),
 }
+MADE_BY = {CountingTask: "Add 1 and 2.", HundredsTask: "Add 3 and 4."}  # routing_only: each class's prompt
 
 
-def dataset_for(case: str) -> Dataset:
+def dataset_for(case: str) -> Dataset | None:
     data = TRAINING[case].get("data")
     if data == "tasks":  # no prompt column: the environment makes the prompt from the row
         return Dataset.from_list([{"task": 3}])
+    if data == "none":  # TRL builds a placeholder dataset of empty prompts; max_steps sets the length
+        return None
+    if data == "routing":  # TRL's routing-only dataset: each row names its environment, reset() makes the prompt
+        return Dataset.from_list([{"environment": e} for e in ("counter", "hundreds")])
     if isinstance(TRAINING[case].get("environment_factory"), dict):
         rows = [("counter", "Add 1 and 2."), ("hundreds", "Add 3 and 4.")]
         return Dataset.from_list([{"prompt": [{"role": "user", "content": c}], "environment": e} for e, c in rows])
@@ -124,6 +193,8 @@ def recorded_training(trainer) -> list[dict]:
                 "messages": batch.generation.completions,
                 "rewards": batch.generation.rewards_per_func.tolist(),
                 "prompts": trainer.processing_class.batch_decode(output["prompt_ids"], skip_special_tokens=True),
+                "made": list(getattr(batch, "prompts", None) or []),
+                "keys": list(getattr(batch, "keys", None) or []),
                 "environments": [
                     (type(e), getattr(e, "total", None), list(getattr(e, "calls", [])))
                     for e in trainer.environments or []
@@ -181,12 +252,12 @@ def test_trl_multi_turn_training_with_seeding(case, tmp_path, monkeypatch):
     tool, call_turn, config = options.pop("tool", "add"), options.pop("call_turn", None), options.pop("config", {})
     if options.pop("turns_only", False):
         config = {**config, "agent_cut_points": "turns"}
-    options.pop("data", None)
+    options.pop("data", None), options.pop("made", None)
     turn = af.CALL_TURN.replace('"add"', f'"{tool}"')
     monkeypatch.setattr(af, "CALL_TURN", call_turn(turn) if call_turn else turn)
     tokenizer = af.build_agent_tokenizer()
     dataset = dataset_for(case)
-    prompts = len(dataset)
+    prompts = len(dataset) if dataset is not None else 1
     trainer = SeedGRPOTrainer(
         af.scripted_agent(tokenizer, calls=1),
         options.pop("reward_funcs", af.last_digits_even),
@@ -228,8 +299,27 @@ def test_trl_multi_turn_training_with_seeding(case, tmp_path, monkeypatch):
         assert [t.__name__ for t in trainer._env_tools["hundreds"]] == ["add"]
     assert [h["seeds/replay_mismatch_share"] for h in history if "seeds/replay_mismatch_share" in h] == [0.0]
     check_environments(trainer, batches, TRAINING[case]["environment_factory"])
-    if case == "environment_owned_prompt":  # every rollout, seeded or not, was generated from reset's prompt
-        assert all("Add 3 and 4." in prompt for b in batches for prompt in b["prompts"])
+    check_made_prompts(case, batches)
+
+
+def check_made_prompts(case: str, batches: list[dict]) -> None:
+    """Every rollout, seeded or not, was generated from the prompt its reset made, and was keyed by that prompt: a
+    seeded row's seed was banked under it. Where reset returns nothing, TRL's placeholder prompt is the row's."""
+    factory = TRAINING[case]["environment_factory"]
+    for batch in batches:
+        assert len(batch["keys"]) == len(batch["environments"])
+        for i, (kind, _, _) in enumerate(batch["environments"]):
+            made = TRAINING[case].get("made") or MADE_BY.get(kind)
+            if made is None:
+                continue
+            assert made in batch["prompts"][i]
+            assert batch["keys"][i] == prompt_id_of([{"role": "user", "content": made}])
+            seed = batch["plan"].seeds[i]
+            assert seed is None or seed.prompt_id == batch["keys"][i]
+    if TRAINING[case].get("data") == "none" and not TRAINING[case].get("made"):  # the placeholder is the prompt
+        assert all(batch["keys"] == [prompt_id_of([{"role": "user", "content": ""}])] * 4 for batch in batches)
+    if isinstance(factory, dict) and TRAINING[case].get("data") == "routing":  # two prompts, each seeded from its own
+        assert len({key for batch in batches for key in batch["keys"]}) == 2
 
 
 def construct(tmp_path, dataset, reward_funcs=af.last_digits_even, processing_class=None, model=None, **kwargs):
@@ -266,28 +356,42 @@ def test_trl_construction_errors_come_first(case, tmp_path, monkeypatch):
         construct(tmp_path, None, **options)
 
 
-# Where a seed could not be matched to the prompt it answered: refused with one line, and plain runs still build.
-ROUTED = {"counter": LoggedCounter, "hundreds": Hundreds}
+# A seed dataset is matched to the training prompts at construction, before reset() has made any: refused with one
+# line where reset() makes them, and plain runs still build.
 REFUSED = {
-    "no_dataset": (None, LoggedCounter, {}, "needs a train_dataset"),
-    "routing_only": (Dataset.from_list([{"environment": e} for e in ROUTED]), ROUTED, {}, "only `environment`"),
-    "seed_dataset_without_prompts": (
-        Dataset.from_list([{"task": 1}, {"task": 2}]),
-        Tasked,
-        dict(seed_dataset="org/traces"),
-        "matched to the training prompts",
-    ),
+    "seed_dataset_without_prompts": (Dataset.from_list([{"task": 1}, {"task": 2}]), Tasked),
+    "seed_dataset_without_dataset": (None, OwnedTask),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
-def test_environment_made_prompts_that_seeds_cannot_match_are_refused(case, tmp_path, monkeypatch):
+def test_seed_dataset_with_prompts_reset_makes_is_refused(case, tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    dataset, factory, config, message = REFUSED[case]
-    with pytest.raises(ValueError, match=message) as refused:
-        construct(tmp_path, dataset, environment_factory=factory, config=config)
+    dataset, factory = REFUSED[case]
+    with pytest.raises(ValueError, match="matched to the training prompts") as refused:
+        construct(tmp_path, dataset, environment_factory=factory, config=dict(seed_dataset="org/traces"))
     assert "\n" not in str(refused.value)
     construct(tmp_path, dataset, environment_factory=factory, config=dict(seed_method="none"))
+
+
+def test_prompts_reset_never_makes_again_never_seed(tmp_path, monkeypatch, caplog):
+    """An environment that draws a fresh task at every reset (TRL's environment-owned data, procedurally generated):
+    the run is not refused and trains, no prompt comes back so nothing is seeded, and the log says why, once."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = construct(tmp_path, None, environment_factory=FreshTask, config=dict(max_steps=3, learning_rate=0.1))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with caplog.at_level("WARNING"):
+        batches = recorded_training(trainer)
+    history = trainer.state.log_history
+    assert history[-1]["train_loss"] is not None
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert len(batches) == 3 and all(seed is None for b in batches for seed in b["plan"].seeds)
+    assert max(h.get("seeds/seeded_group_share", 0) for h in history) == 0
+    assert max(h.get("seeds/eligible_group_share", 0) for h in history) == 0
+    made = [prompt for b in batches for prompt in b["made"]]
+    assert len({json.dumps(p) for p in made}) == len(made) == 3 * 8  # each of the 8 rollouts a step: its own prompt
+    told = [r for r in caplog.records if "made another prompt" in r.getMessage()]
+    assert len(told) == 1 and "never seeded" in told[0].getMessage()
 
 
 def test_unknown_environment_raises_at_train(tmp_path, monkeypatch):
@@ -346,3 +450,25 @@ def test_multimodal_tools_are_refused(tmp_path):
         config=dict(seed_method="none"),
     )
     assert plain._is_vlm
+
+
+def test_undoing_a_replay_whose_reset_makes_another_prompt_is_said_once(tmp_path, monkeypatch, caplog):
+    """A replay that answers otherwise than recorded is undone by resetting the environment with its row again; where
+    that reset makes another prompt than the row is generated from, the log says so once, and training goes on."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(Unsteady, "batch", 0)
+    trainer = construct(
+        tmp_path,
+        None,
+        reward_funcs=counting_batches,
+        environment_factory=Unsteady,
+        config=dict(max_steps=3, agent_cut_points="turns"),
+    )
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    history = trainer.state.log_history
+    assert history[-1]["train_loss"] is not None
+    assert max(h.get("seeds/replay_mismatch_share", 0) for h in history) > 0
+    told = [r for r in caplog.records if "called again to undo a replay" in r.getMessage()]
+    assert len(told) == 1
+    assert not [r for r in caplog.records if "made another prompt for a row" in r.getMessage()]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,8 +25,9 @@ from trl.chat_template_utils import parse_response
 
 from ..method.planning import GroupPlan, without_groups
 from ..method.turns import PrefixTurns, prefix_turns
-from .seed_batch import SeedBatch
+from .seed_batch import PLACEHOLDER_PROMPT, SeedBatch, reset_prompt
 
+logger = logging.getLogger(__name__)
 MARKUP_SENTINEL = "ts_trl_markup_probe"  # a tool name no template spells by itself
 
 
@@ -115,6 +117,7 @@ class ToolLoopSeeds:
 
     def __init__(self, trainer):
         self.trainer = trainer
+        self.told_other_prompt = False  # `_reset` said once that a reset made another prompt than the row's
 
     # `_generate`, before generation ------------------------------------------------------------------------------
 
@@ -154,12 +157,21 @@ class ToolLoopSeeds:
         return mismatched
 
     def _reset(self, batch: SeedBatch, row: int) -> None:
-        """Resets local `row`'s environment with its dataset row, as TRL did before the replay."""
+        """Resets local `row`'s environment with its dataset row, as TRL did before the replay; says once in the log
+        when this reset makes another prompt than the one the row is generated from (a reset drawing at random)."""
         t = self.trainer
         kwargs = batch.inputs[row]
         if t._multi_environment:
             kwargs = {k: v for k, v in kwargs.items() if k != "environment"}
-        t.environments[row].reset(**kwargs)
+        observation = t.environments[row].reset(**kwargs)
+        made = reset_prompt(batch.inputs[row].get("prompt", PLACEHOLDER_PROMPT), observation)
+        if batch.prompts is not None and made != batch.prompts[row] and not self.told_other_prompt:
+            self.told_other_prompt = True
+            logger.warning(
+                "reset(**row), called again to undo a replay that answered otherwise than recorded, made another "
+                "prompt than the one the row is generated from: its environment may hold another task than its "
+                "prompt shows. Make reset(**row) a function of the row (e.g. of a task id column)."
+            )
 
     def _log(self, turns: dict[int, PrefixTurns], mismatched: int, seeded_groups: int) -> None:
         """`seeds/prefix_turns_mean`, and with environments `seeds/replay_mismatch_share` and

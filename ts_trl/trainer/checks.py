@@ -38,25 +38,14 @@ def check_tools_restorable(vision_language: bool, tools) -> None:
 
 
 def check_environment_rows(dataset, environments: bool, seed_dataset: str | None = None) -> bool:
-    """Refuses environment runs whose seeds could not be matched to their prompt. True when rows carry no prompt:
-    the environment's `reset(**row)` makes it, and the row's fields tell prompts apart (`seed_batch.prompt_of`)."""
+    """True when an environment run's rows carry no prompt (or there are no rows: TRL's placeholder stands in), so
+    that `reset(**row)` makes it; seeds are then keyed by the prompt it made (`seed_batch.ResetPrompts`). Refuses a
+    `seed_dataset` there: it is matched to the training prompts at construction, before any reset made one."""
     if not environments:
         return False
-    fix = "Pass a train_dataset whose rows reset(**row) reads (e.g. a task id column), or use seed_method='none'."
-    if dataset is None:
-        raise ValueError(
-            "seed_method='seeds' with environment_factory needs a train_dataset: without one every row is TRL's "
-            "empty placeholder, reset() alone makes the prompt, and a seed could not be matched to the prompt it "
-            f"answered. {fix}"
-        )
-    columns = getattr(dataset, "column_names", None)
+    columns = getattr(dataset, "column_names", None) if dataset is not None else []
     if columns is None or "prompt" in columns:
         return False
-    if not set(columns) - {"environment"}:
-        raise ValueError(
-            "The training dataset's rows hold only `environment`: reset() alone makes each prompt, so a seed could "
-            f"not be matched to the prompt it answered. {fix}"
-        )
     if seed_dataset is not None:
         raise ValueError(
             f"seed_dataset={seed_dataset!r} is matched to the training prompts, and these rows have none (reset() "

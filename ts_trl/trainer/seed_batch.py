@@ -1,6 +1,7 @@
 """One generation batch of a seeded run as one record: the plan, decided before generation, and what came back.
 
-`SeedBatch` is the trainer's only per-batch state. `_generate_and_score_completions` makes it from the plan; the TRL
+`SeedBatch` is the trainer's only per-batch state. `_generate_and_score_completions` makes it from the plan (with
+environments, `_generate` plans it once TRL's `reset(**row)` made the prompts: `ResetPrompts`); the TRL
 hooks it runs fill in `generation` in order (`_generate_single_turn` the loss masks, `_generate` the responses,
 `_calculate_rewards` the rewards); it is dropped once the batch is scored and banked. The functions below are pure:
 which rows reach the backend with which prompt (`generation_request`), how each response is put back together
@@ -10,6 +11,7 @@ which rows reach the backend with which prompt (`generation_request`), how each 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +24,11 @@ from ..store.seed_store import PendingRollout
 from .prefix_forcing import strip_forced
 
 PROMPT_LENGTHS_KEPT = 1 << 16  # distinct prompts whose token counts a trainer remembers
+# The planner's key for a group whose rows `reset(**row)` gave different prompts: no rollout is banked under it.
+UNMATCHED_GROUP = "\0group of different prompts"
+PLACEHOLDER_PROMPT = [{"role": "user", "content": ""}]  # TRL's prompt for an environment row without one
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,10 +48,12 @@ class Generation:
 class SeedBatch:
     """The plan of one generation batch and what generation made of it."""
 
-    plan: GroupPlan
+    plan: GroupPlan | None  # None in an environment run until `_generate`: its prompts are known after TRL's reset
     mask_truncated: bool  # TRL's `mask_truncated_completions`, applied through the loss mask instead (see trainer)
     generation: Generation = field(default_factory=Generation)
     inputs: list | None = None  # this rank's dataset rows (an environment is reset with its row again)
+    prompts: list | None = None  # environment runs: each local row's prompt as `reset(**row)` made it (`ResetPrompts`)
+    keys: list[str] | None = None  # ... and its seed key
     turns: dict | None = None  # multi-turn seeds: local row -> `turns.PrefixTurns` of its prefix
 
     @property
@@ -163,11 +172,75 @@ def prompt_key(row: dict) -> str:
 
 
 def prompt_of(row: dict) -> str | list:
-    """A row's prompt; for a row without one (its environment's `reset(**row)` makes the prompt), the row's fields
-    as JSON: they are all that tells its prompts apart."""
+    """A row's prompt; for a row without one (its environment's `reset(**row)` makes the prompt), the row's fields as
+    JSON: the row's own key (`row_keys`), its seed key where reset returned nothing."""
     if "prompt" in row:
         return row["prompt"]
     return json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def reset_prompt(prompt: list, observation) -> list:
+    """The prompt TRL renders from a row's prompt and what `reset(**row)` returned: the observation appended to the last
+    message's content (`GRPOTrainer._generate_and_score_completions`), the row's prompt itself for None."""
+    if observation is None:
+        return prompt
+    content = prompt[-1]["content"]
+    if isinstance(observation, list) and isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if isinstance(observation, str) and isinstance(content, list):
+        observation = [{"type": "text", "text": observation}]
+    return [*prompt[:-1], {**prompt[-1], "content": content + observation}]
+
+
+def row_keys(rows: Sequence[dict], prompts: Sequence | None = None) -> list[tuple[str, str]]:
+    """Per row: its own key (`prompt_key`) and its seed key, the key of the prompt TRL rendered for it after
+    `reset(**row)` when `prompts` are given (an environment run; the row's own key where reset returned nothing)."""
+    keys = []
+    for i, row in enumerate(rows):
+        own = prompt_key(row)
+        made = prompts is not None and prompts[i] != row.get("prompt", PLACEHOLDER_PROMPT)
+        keys.append((own, prompt_id_of(prompts[i]) if made else own))
+    return keys
+
+
+class ResetPrompts:
+    """Seed keys in an environment run, where `reset(**row)` may make or extend the prompt (TRL appends what it returns
+    to the row's last message, after its own reset and before `_generate`): a row is keyed by the prompt it made.
+
+    A row whose reset returned nothing keeps its own key (`prompt_key`), so that a `seed_dataset` matched to the
+    training prompts still finds it. A prompt `reset` never makes again never seeds, and a group whose rows were
+    given different prompts (each rollout has its own environment, reset on its own) is planned plain: both are said
+    once in the log, the first time a row's reset makes another prompt than before.
+    """
+
+    def __init__(self, num_generations: int, main_process: bool):
+        self.num_generations, self.main_process = num_generations, main_process
+        self.made: dict[str, str] = {}  # row key -> key of the prompt its last reset made
+        self.told = False
+
+    def planned(self, keys: Sequence[tuple[str, str]]) -> list[str]:
+        """The planner's key of every global row (`row_keys` of every rank's rows, in order): its seed key, or
+        `UNMATCHED_GROUP` for each row of a group of different prompts."""
+        G, made = self.num_generations, [key for _, key in keys]
+        if len(self.made) >= PROMPT_LENGTHS_KEPT:
+            self.made.clear()
+        changed = False
+        for own, key in keys:
+            changed |= self.made.setdefault(own, key) != key
+            self.made[own] = key
+        planned = list(made)
+        for g in range(0, len(made), G):
+            if len(set(made[g : g + G])) > 1:
+                planned[g : g + G] = [UNMATCHED_GROUP] * G
+        if changed and not self.told:
+            self.told = True
+            if self.main_process:
+                logger.warning(
+                    "reset(**row) made another prompt for a row it had reset before (as an environment drawing a fresh "
+                    "task at each reset does): seeds are keyed by the prompt reset() made, so a prompt it never makes "
+                    "again is never seeded, and a group whose rollouts got different prompts trains plain."
+                )
+        return planned
 
 
 class PromptLengths:
@@ -216,10 +289,10 @@ def pending_rollouts(
         seed, cut = plan.seeds[i], plan.cuts[i]
         response, completion = generation.completion_ids[i], generation.completions[i]
         k = cut.k if cut is not None else 0
-        prompt = prompt_of(row)
+        prompt = prompt_of(row) if batch.prompts is None else batch.prompts[i]
         rollout = Rollout(
             rollout_id=f"{run_id}-{plan.step:06d}-{plan.count:02d}-{first_row + i:05d}",
-            prompt_id=prompt_key(row),
+            prompt_id=prompt_key(row) if batch.keys is None else batch.keys[i],
             prompt=prompt if isinstance(prompt, str) else json.dumps(prompt),
             completion=completion if isinstance(completion, str) else json.dumps(completion),
             completion_ids=np.asarray(response, np.int32),  # compact from here to the shard

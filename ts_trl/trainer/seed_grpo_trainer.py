@@ -3,7 +3,8 @@
 What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or changed):
 
 - `_generate_and_score_completions`: before generation, plans one cut per seeded prompt group (the same on every
-  rank) into a `SeedBatch`, the one per-batch record the hooks below fill in; afterwards banks every rollout with its
+  rank; with environments at the start of `_generate`, keyed by the prompts TRL's `reset(**row)` made) into a
+  `SeedBatch`, the one per-batch record the hooks below fill in; afterwards banks every rollout with its
   behaviour log-probs and reward, logs the seeding metrics, and gives tokens an earlier policy sampled (prefixes in
   `prefix_mode="action"`, replays) their advantages and behaviour log-probs.
 - `_generate_single_turn`: splices `seed[:k]` after the prompt ids before the backend call, then returns
@@ -65,11 +66,12 @@ from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
 from .seed_batch import (
     PromptLengths,
+    ResetPrompts,
     SeedBatch,
     assemble_responses,
     generation_request,
     pending_rollouts,
-    prompt_key,
+    row_keys,
     without_truncated,
 )
 from .seed_grpo_config import SeedGRPOConfig, default_config
@@ -133,6 +135,7 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._prompt_length_of = PromptLengths(lambda prompts: self._tokenize_prompts(prompts)[0])
+        self.reset_prompts = ResetPrompts(self.num_generations, self.accelerator.is_main_process)
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
             self.add_callback(SeedingWatch(schedule))
@@ -163,18 +166,9 @@ class SeedGRPOTrainer(GRPOTrainer):
             success_reward,
             template=self._turn_template(),
         )
-        settings = StoreSettings.of(self.args, use_vllm=self.use_vllm)
-        metrics = self._metrics["train"]
-        return SeedStore(
-            settings,
-            self.accelerator,
-            self.model,
-            tokenizer,
-            self.reward_func_names,
-            success_reward,
-            metrics,
-            external,
-        )
+        settings, metrics = StoreSettings.of(self.args, use_vllm=self.use_vllm), self._metrics["train"]
+        names = self.reward_func_names
+        return SeedStore(settings, self.accelerator, self.model, tokenizer, names, success_reward, metrics, external)
 
     def _turn_template(self) -> TurnTemplate | None:
         """With tools or environments, how TRL renders turns: text seeds are then rendered as agent trajectories."""
@@ -208,7 +202,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if not self.model.training or self.args.seed_method == "none":
             return super()._generate_and_score_completions(inputs)
         self.seed_store.flush()
-        self._seed_batch = batch = SeedBatch(self._plan_groups(inputs), self.mask_truncated_completions)
+        plan = None if self.environment_factories is not None else self._plan_groups(inputs)  # else in `_generate`
+        self._seed_batch = batch = SeedBatch(plan, self.mask_truncated_completions)
         batch.inputs = inputs
         try:
             # TRL would zero `completion_mask` of truncated rows, which is also the attention mask of the forward
@@ -221,12 +216,13 @@ class SeedGRPOTrainer(GRPOTrainer):
             self._seed_batch = None
         return output
 
-    def _plan_groups(self, inputs) -> GroupPlan:
-        """Decides, identically on every rank, which prompt groups of the global batch are seeded and where cut."""
-        keys = [prompt_key(x) for x in inputs]
-        local = list(zip(keys, self._prompt_lengths(inputs, keys)))
+    def _plan_groups(self, inputs, prompts=None) -> GroupPlan:
+        """Decides, identically on every rank, which prompt groups of the global batch are seeded and where cut. With
+        environments (from `_generate`), rows are keyed by the prompts TRL rendered after `reset(**row)`."""
+        keys = row_keys(inputs, prompts)
+        local = list(zip(keys, self._prompt_lengths(inputs, [key for _, key in keys])))
         rows = gather_object(local) if self.accelerator.num_processes > 1 else local
-        keys, lengths = [key for key, _ in rows], [n for _, n in rows]
+        keys, lengths = self.reset_prompts.planned([key for key, _ in rows]), [n for _, n in rows]
         first = self.accelerator.process_index * len(inputs)
         return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs), lengths)
 
@@ -273,10 +269,13 @@ class SeedGRPOTrainer(GRPOTrainer):
         return completion_ids, sampling_logprobs
 
     def _generate(self, prompts):
-        if self._seed_batch is not None and self.tools:
-            self._restore_states(self._seed_batch)
-        result = super()._generate(prompts)
         batch = self._seed_batch
+        if batch is not None and batch.plan is None:  # an environment run: TRL has just made its prompts with reset
+            batch.plan, batch.prompts = self._plan_groups(batch.inputs, prompts), list(prompts)
+            batch.keys = [key for _, key in row_keys(batch.inputs, prompts)]
+        if batch is not None and self.tools:
+            self._restore_states(batch)
+        result = super()._generate(prompts)
         if batch is None:
             return result
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = result
