@@ -129,6 +129,19 @@ def moonshot(runs: dict) -> list[dict]:
     return out
 
 
+def within_run(folder: Path) -> dict:
+    """Exploratory, added after the runs were read (not an endpoint of the protocol): a seeded run's seeded and plain
+    groups side by side, as means over its logging windows that had such groups."""
+    logs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+    def mean(key: str) -> float:
+        values = [h[key] for h in logs if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
+        return float(np.mean(values)) if values else math.nan
+
+    keys = ("seeds/reward_seeded", "seeds/reward_unseeded", "seeds/zero_std_share_seeded")
+    return {key.split("/")[1]: mean(key) for key in (*keys, "seeds/zero_std_share_plain", "seeds/prefix_len_mean")}
+
+
 def probe_table(folder: Path) -> str | None:
     table = folder / "probe_cuts.md"
     return table.read_text().strip() if table.exists() else None
@@ -180,7 +193,7 @@ def _f(value: float, signed: bool = True) -> str:
     )
 
 
-def report(runs: dict, probe: Path) -> dict:
+def report(runs: dict, probe: Path, folder: Path) -> dict:
     gate = calibration(runs)
     print("## Runs\n")
     print(
@@ -227,6 +240,18 @@ def report(runs: dict, probe: Path) -> dict:
     table = probe_table(probe)
     print("\n## Probe\n")
     print(table if table else f"(no probe table at {probe})")
+    print("\n## Exploratory (added after the runs were read): seeded and plain groups within the seeded runs\n")
+    print(
+        "| seed | reward, seeded groups | reward, plain groups | all-equal, seeded | all-equal, plain | prefix tokens |"
+    )
+    print("|---|---|---|---|---|---|")
+    inside = {s: within_run(folder / f"seeds-seed{s}") for s in SEEDS}
+    for s, w in inside.items():
+        print(
+            f"| {s} | {w['reward_seeded']:.3f} | {w['reward_unseeded']:.3f} | {w['zero_std_share_seeded']:.3f} | "
+            f"{w['zero_std_share_plain']:.3f} | {w['prefix_len_mean']:.1f} |"
+        )
+    summary["within_seeded_runs"] = inside
     verdict = "calibration failed" if not gate["passed"] else "shown" if any(r["shown"] for r in rows) else "not shown"
     print(f"\n## Verdict: {verdict}")
     summary.update({"primary": rows, "moonshot": shots, "verdict": verdict})
@@ -239,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--probe", type=Path, default=HERE / "probe")
     args = parser.parse_args(argv)
     runs = {(arm, s): load_run(args.runs / f"{arm}-seed{s}") for arm in ARMS for s in SEEDS}
-    summary = report(runs, args.probe)
+    summary = report(runs, args.probe, args.runs)
     (args.runs.parent / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     draw(runs, args.runs.parent / "curves.png")
     return summary
