@@ -29,9 +29,9 @@ from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
 from .data import load_training_data
-from .early import missing_settings
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
+from .refusals import missing_settings
 from .report import held_out_pass_at_1, logged_held_out_pass_at_1, report_run
 
 # The exit status of a run stopped by Ctrl-C or SIGTERM once its checkpoint is safe (128 + the signal, as shells report).
