@@ -20,7 +20,12 @@ COMMANDS = {"ts_trl train": ["-m", "ts_trl", "train"], "train.py": ["train.py"]}
 
 def _run(command: str, argv: list[str], tmp_path: Path):
     """The command in a fresh interpreter under `-X importtime`: (exit status, stderr lines, top-level imports)."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TS_TRL_CACHE": str(tmp_path / "cache")}
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TS_TRL_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_OFFLINE": "1",
+    }
     environment.pop("PYTHONWARNINGS", None)
     result = subprocess.run(
         [sys.executable, "-X", "importtime", *COMMANDS[command], *argv],
@@ -57,6 +62,23 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         ),
         "no such recipe": (["--config", "no_such_recipe", *fresh], ["no such recipe file, nor a shipped recipe"]),
         "settings of the other data": (["--max_train_samples", "8", *fresh], ["--max_train_samples set a dataset's"]),
+        "model that cannot load": (
+            [
+                "--dataset_path",
+                str(recipe),
+                "--reward_funcs",
+                "math",
+                "--model_name_or_path",
+                "./no/such/model",
+                *fresh,
+            ],
+            ["--model_name_or_path ./no/such/model: no such local folder."],
+        ),
+        "model not cached offline": (
+            ["--model_name_or_path", "ts-trl-tests/not-a-cached-model", *fresh],
+            ["not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"],
+        ),
+        "quantized tiny model": (["--load_in_4bit", *fresh], ["the embedded default's tiny model is not quantized"]),
         "missing settings": (
             ["--dataset_path", str(tmp / "none.jsonl"), *fresh],
             ["--model_name_or_path is required", "--reward_funcs is required", "none.jsonl: no such file"],

@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from ..resources import packaged_file, packaged_folder
-from .flag_table import load_table, parse_flags, recipe_problems
+from ..smollm2 import SMOLLM2_NAME
+from .flag_table import is_true, load_table, parse_flags, recipe_problems
 from .flags import cached_help, wants_help
 from .refusals import (
     DATASET_KEYS,
@@ -26,6 +27,8 @@ from .refusals import (
     ConfigError,
     earlier_run_problem,
     missing_settings,
+    model_source_problem,
+    quantized_without_model,
     settings_of_other_data,
 )
 
@@ -91,7 +94,7 @@ def _first(value):
 def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None) -> tuple[dict, list[str]]:
     """The settings that `argv` and the recipe give (flags over recipe), and every problem the parser's table shows
     with them, one sentence each: unknown flags and keys, values that do not parse, settings of the other kind of data,
-    the settings a dataset run lacks."""
+    the settings a dataset run lacks, quantization of the tiny model, a model that cannot load."""
     given, problems = parse_flags(table, _without_config(argv))
     if path is not None:
         problems += recipe_problems(table, recipe, path)
@@ -104,7 +107,11 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
         reward_funcs=settings.get("reward_funcs"),
         dataset_path=_first(settings.get("dataset_path")),
     )
-    return settings, problems + [problem for problem in (other, missing) if problem]
+    model = _first(settings.get("model_name_or_path"))
+    quantized = quantized_without_model(any(is_true(settings.get(k)) for k in ("load_in_4bit", "load_in_8bit")), model)
+    # The real model's name is a folder converted on first use (`smollm2.model_path`): the full parser checks it.
+    source = model_source_problem(str(model)) if model and str(model).lower() != SMOLLM2_NAME else None
+    return settings, problems + [problem for problem in (other, missing, quantized, source) if problem]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 import torch
-from huggingface_hub import constants, try_to_load_from_cache
 
 from ..store.resume import check_resume_checkpoint
 from ..trainer.collectives import is_deepspeed
-from .refusals import ConfigError, earlier_run_problem
+from .refusals import ConfigError, earlier_run_problem, model_source_problem
 
 
 def cpu_only() -> bool:
@@ -80,21 +79,9 @@ def first_problem_of_every_rank(problem: str | None) -> str | None:
 
 def check_model_source(name: str) -> None:
     """Fails early and clearly on a local model path that does not exist, or a Hub id not cached when offline."""
-    path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"--model_name_or_path {name}: the folder has no config.json; it is not a saved model.")
-        return
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
-    if looks_local:
-        raise ConfigError(f"--model_name_or_path {name}: no such local folder.")
-    if constants.HF_HUB_OFFLINE:
-        cached = try_to_load_from_cache(name, "config.json")
-        if not isinstance(cached, str):
-            raise ConfigError(
-                f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. "
-                f"Download it first (`hf download {name}`) or unset HF_HUB_OFFLINE."
-            )
+    problem = model_source_problem(name)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 @contextlib.contextmanager

@@ -165,6 +165,11 @@ def _parser_of(table: dict) -> _TableParser:
     return parser
 
 
+def is_true(value) -> bool:
+    """Whether a boolean flag's value (`True` when given bare, a string as typed, a recipe's YAML value) says yes."""
+    return value is True or (isinstance(value, str) and value.lower() in _TRUE)
+
+
 def _value_problem(flag: dict, value) -> str | None:
     """Why `value` (a string from the command line, or a recipe's YAML value) is not one of `flag`'s, else None."""
     if value is None or (flag["nullable"] and isinstance(value, str) and value.lower() in ("none", "null")):

@@ -3,6 +3,7 @@ parser applies them, and `early` before TRL is imported, so both say the same.""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -87,3 +88,34 @@ def earlier_run_problem(output_dir: Path) -> str | None:
         f"--output_dir {output_dir} holds an earlier run ({held}). Continue it with {resume}, or start a new run in "
         "another --output_dir (or move the folder away)."
     )
+
+
+def model_source_problem(name: str) -> str | None:
+    """Why the model `name` cannot load: a local path that does not exist or holds no saved model, or a Hub id that is
+    not in the local cache while `HF_HUB_OFFLINE` is set (None: it may load)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            return f"--model_name_or_path {name}: the folder has no config.json; it is not a saved model."
+        return None
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    if looks_local:
+        return f"--model_name_or_path {name}: no such local folder."
+    from huggingface_hub import constants, try_to_load_from_cache  # lazy: a Hub id only (httpx takes a second)
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return (
+            f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. "
+            f"Download it first (`hf download {name}`) or unset HF_HUB_OFFLINE."
+        )
+    return None
+
+
+def quantized_without_model(quantized: bool, model: str | None) -> str | None:
+    """`--load_in_4bit/8bit` on the embedded default's tiny model, which is not quantized."""
+    if quantized and not model:
+        return (
+            "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
+            "the embedded default's tiny model is not quantized. Drop the flag or name a model."
+        )
+    return None
