@@ -120,7 +120,7 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
 
 def _output_dir(table: dict, settings: dict) -> str | None:
     """The output folder the run would use: given, else the built-in task's, else TRL's default."""
-    if settings.get("output_dir"):
+    if "output_dir" in settings:  # `output_dir: null` in a recipe: TRL's default, which transformers sets later
         return _first(settings["output_dir"])
     named = any(settings.get(key) for key in SOURCE_KEYS)
     task = _first(settings.get("task")) or "default"
