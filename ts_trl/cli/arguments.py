@@ -4,20 +4,20 @@ recipes (`--config`), and the embedded default's values."""
 from __future__ import annotations
 
 import argparse
-import difflib
+import dataclasses
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from ..embedded.tasks import TASKS, task_named, task_spec
-from ..resources import packaged_file, packaged_folder
+from ..embedded.tasks import DEFAULT_TASK, TASKS, task_named, task_spec
 from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
-from .environment import ConfigError, check_output_dir, cpu_only, skip_deepspeed_shm_build
+from .early import input_problems, read_recipe, resolve_recipe, shipped_names  # noqa: F401 (resolve_recipe: re-exported)
+from .environment import check_output_dir, cpu_only, skip_deepspeed_shm_build
+from .flag_table import store_table, table_of
 from .flags import DefaultsHelpFormatter, store_help, wants_help
+from .refusals import SOURCE_KEYS, ConfigError
 
 # Used when neither a model nor a dataset is named (on the command line or in the --config recipe). Sized so that
 # the whole run fits in minutes on two CPU cores; recipes/embedded.yaml holds the same values, a test checks it.
@@ -48,13 +48,6 @@ EMBEDDED_DEFAULTS = {
     "reward_funcs": ["embedded"],
     "card_license": "apache-2.0",  # the package's own model and task
 }
-
-# Flags whose presence means "not the embedded default".
-_SOURCE_KEYS = ("model_name_or_path", "dataset_name", "dataset_path")
-# The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
-_DATASET_KEYS = ("dataset_name", "dataset_path")
-_DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
-_TASK_ONLY_PREFIX = "embedded_"
 
 
 @dataclass
@@ -180,7 +173,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
         metavar="RECIPE",
         default=argparse.SUPPRESS,
         help="A recipe: a YAML file of these flags, or a shipped recipe's name ("
-        + ", ".join(_shipped_names("recipes"))
+        + ", ".join(shipped_names("recipes"))
         + "). Flags on the command line override it.",
     )
     parser._optionals._group_actions.remove(config)
@@ -197,40 +190,25 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     """`parser.parse_args_and_config`, with the embedded defaults when no model or dataset is named anywhere.
 
     `--config` takes a recipe file or the name of a shipped recipe (`embedded`, `qwen2.5-math-1.5b_gsm8k`, ...).
-    Unknown recipe keys and flags raise `ConfigError`.
-
-    Long: help, recipe, defaults and checks in the order the parser must take them, each refusal next to its condition.
+    Bad input raises `ConfigError`: first every problem `early.input_problems` finds (the checks `ts_trl train` makes
+    before TRL is imported, here on the live parser's flags), then the parser's and the dataclasses' own.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    table = table_of(parser, default_output_dirs())
+    store_table(table)  # the next command checks its flags before importing TRL, whatever TRL's version
     if wants_help(argv) and "--config" not in argv:
         # The general defaults, not the embedded default's or this machine's; saved for the next --help.
         text = parser.format_help()
         store_help(parser.prog, text)
         print(text, end="")
         raise SystemExit(0)
-    recipe = {}
-    if "--config" in argv:
-        index = argv.index("--config") + 1
-        if index == len(argv):
-            raise ConfigError("--config needs a recipe file or the name of a shipped recipe, e.g. --config embedded.")
-        path = argv[index] = str(resolve_recipe(argv[index]))
-        recipe = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(recipe, dict):
-            raise ConfigError(f"--config {path}: a recipe must be a YAML mapping of argument names to values.")
-    known = ({action.dest for action in parser._actions} - {"config"}) | {"env"}
-    unknown = sorted(set(recipe) - known)
-    if unknown:
-        hints = [
-            f"{key} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(key, known, 1)) else key
-            for key in unknown
-        ]
-        raise ConfigError(f"--config {path}: unknown key(s): {', '.join(hints)}.")
-    given = set(recipe) | _flags_given(parser, argv)
-    named = any(recipe.get(key) for key in _SOURCE_KEYS) or any(
-        arg.split("=", 1)[0] == f"--{key}" for arg in argv for key in _SOURCE_KEYS
+    path, recipe = read_recipe(argv)
+    _, problems = input_problems(table, argv, recipe, path)
+    if problems:
+        raise ConfigError(" ".join(problems))
+    named = any(recipe.get(key) for key in SOURCE_KEYS) or any(
+        arg.split("=", 1)[0] == f"--{key}" for arg in argv for key in SOURCE_KEYS
     )
-    with_dataset = any(recipe.get(key) for key in _DATASET_KEYS) or bool(_flags_given(parser, argv) & {*_DATASET_KEYS})
-    refuse_settings_of_other_data(given, with_dataset)
     if not named:
         spec = task_spec(task_named(argv, recipe))
         unused = parser.set_defaults_with_config(**{**EMBEDDED_DEFAULTS, **spec.train_defaults})
@@ -243,57 +221,18 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         parser.set_defaults_with_config(bf16=False, **({} if is_deepspeed() else {"use_cpu": True}))
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    except ValueError as error:  # unknown recipe keys or flags, bad values
+    except ValueError as error:  # what the table does not show: the dataclasses' own checks
         raise ConfigError(str(error).replace("\n", " ")) from error
     check_output_dir(training_args)
     return script_args, training_args, model_args
 
 
-def _flags_given(parser: TrlParser, argv: list[str]) -> set[str]:
-    """The fields that `argv` sets, whatever the spelling (`--max_train_samples`, `--max-train-samples=8`, `--no_x`)."""
-    actions = parser._option_string_actions
-    return {actions[arg.split("=", 1)[0]].dest for arg in argv if arg.split("=", 1)[0] in actions} - {"help"}
-
-
-def refuse_settings_of_other_data(given: set[str], with_dataset: bool) -> None:
-    """Refuses, in one line, settings that the run's kind of data would silently ignore: the built-in task's
-    (`--task`, `--embedded_*`) with a dataset, a dataset's (`--max_train_samples`, `--prompt_column`, ...) without."""
-    if with_dataset:
-        wrong = sorted(key for key in given if key.startswith(_TASK_ONLY_PREFIX) or key == "task")
-        if wrong:
-            raise ConfigError(
-                f"{_flag_list(wrong)} set the built-in task, and this run trains on a dataset (--dataset_name or "
-                "--dataset_path): drop them; --max_train_samples keeps the first rows of the dataset."
-            )
-        return
-    wrong = sorted(key for key in given if key in _DATASET_ONLY)
-    if wrong:
-        raise ConfigError(
-            f"{_flag_list(wrong)} set a dataset's data, and this run trains on the built-in task (no --dataset_name "
-            "nor --dataset_path): drop them; --embedded_train_problems sets how many training problems it has."
-        )
-
-
-def _flag_list(keys: list[str]) -> str:
-    return ", ".join(f"--{key}" for key in keys)
-
-
-def resolve_recipe(name: str) -> Path:
-    """A recipe file as given, else the shipped recipe of that name (`embedded` -> `recipes/embedded.yaml`)."""
-    if Path(name).expanduser().is_file():
-        return Path(name).expanduser()
-    shipped = packaged_file("recipes", name if name.endswith(".yaml") else f"{name}.yaml")
-    if shipped is None:
-        raise ConfigError(
-            f"--config {name}: no such recipe file, nor a shipped recipe of that name (shipped: "
-            f"{', '.join(_shipped_names('recipes'))})."
-        )
-    return shipped
-
-
-def _shipped_names(kind: str) -> list[str]:
-    folder = packaged_folder(kind)
-    return sorted(path.stem for path in folder.glob("*.yaml")) if folder else []
+def default_output_dirs() -> dict[str, str | None]:
+    """The output folder of each kind of run when none is given: each built-in task's (`"default"`: `--task`'s
+    default), and TRL's (`""`) for a named model."""
+    dirs = {name: {**EMBEDDED_DEFAULTS, **task_spec(name).train_defaults}["output_dir"] for name in TASKS}
+    trl_default = next(f.default for f in dataclasses.fields(SeedGRPOConfig) if f.name == "output_dir")
+    return {"": trl_default, "default": dirs[DEFAULT_TASK], **dirs}
 
 
 def is_embedded_task(script_args: SeedScriptArguments) -> bool:

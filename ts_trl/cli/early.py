@@ -1,78 +1,181 @@
 """What `ts_trl train` (and `train.py`) answers before torch, transformers and TRL are imported, which takes from
 seconds on an idle machine to a minute on a busy one: the help when it is cached (and a line saying what the wait is
-for when it is not), and the settings a dataset run lacks, all named at once.
+for when it is not), and bad input: a recipe that is missing or not a mapping, unknown flags and recipe keys, values
+that do not parse, settings of the other kind of data, the settings a dataset run lacks (all named at once), and an
+output folder that holds an earlier run.
 
-Only the command line is read here; a `--config` recipe is read with the full parser, which checks the same settings
-again (`missing_settings`) once every value is known.
+The checks are the parser's own (`input_problems`): the full parser runs them again on its live table of flags, so
+both say the same line. Without a table for this install (`flag_table.load_table`), only the help and the recipe are
+answered here.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from .flags import cached_help, snake_case, wants_help
+import yaml
 
-# The fields whose values a dataset run needs, and the flags that name its data.
-_DATASET_FLAGS = ("--dataset_name", "--dataset_path")
+from ..resources import packaged_file, packaged_folder
+from ..smollm2 import SMOLLM2_NAME
+from .flag_table import is_true, load_table, parse_flags, recipe_problems
+from .flags import cached_help, wants_help
+from .refusals import (
+    DATASET_KEYS,
+    SOURCE_KEYS,
+    ConfigError,
+    earlier_run_problem,
+    missing_settings,
+    model_source_problem,
+    quantized_without_model,
+    settings_of_other_data,
+)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recipes
 
 
-def missing_settings(*, with_dataset: bool, model: str | None, reward_funcs, dataset_path: str | None) -> str | None:
-    """Every setting a run lacks, in one sentence (None: nothing is missing)."""
-    problems = []
-    if with_dataset and not model:
-        problems.append(
-            "--model_name_or_path is required with a dataset (the tiny built-in model only knows the built-in task)"
+def shipped_names(kind: str) -> list[str]:
+    """The shipped recipes (`kind="recipes"`) or accelerate configs, by name."""
+    folder = packaged_folder(kind)
+    return sorted(path.stem for path in folder.glob("*.yaml")) if folder else []
+
+
+def resolve_recipe(name: str) -> Path:
+    """A recipe file as given, else the shipped recipe of that name (`embedded` -> `recipes/embedded.yaml`)."""
+    if Path(name).expanduser().is_file():
+        return Path(name).expanduser()
+    shipped = packaged_file("recipes", name if name.endswith(".yaml") else f"{name}.yaml")
+    if shipped is None:
+        raise ConfigError(
+            f"--config {name}: no such recipe file, nor a shipped recipe of that name (shipped: "
+            f"{', '.join(shipped_names('recipes'))})."
         )
-    if with_dataset and not reward_funcs:
-        problems.append("--reward_funcs is required with a dataset, e.g. --reward_funcs math format")
-    if dataset_path and not Path(dataset_path).expanduser().exists():
-        problems.append(f"--dataset_path {dataset_path}: no such file or folder")
-    return "; ".join(problems) + "." if problems else None
+    return shipped
 
 
-def _given(argv: list[str]) -> dict[str, list[str]]:
-    """The long flags of `argv` in their snake_case spelling, each with the values that follow it."""
-    given: dict[str, list[str]] = {}
-    current = None
-    for arg in argv:
-        if arg.startswith("--"):
-            name, _, value = arg.partition("=")
-            current = given.setdefault(snake_case(name), [])
-            if value:
-                current.append(value)
-                current = None
-        elif current is not None:
-            current.append(arg)
-    return given
+def read_recipe(argv: list[str]) -> tuple[str | None, dict]:
+    """The `--config` recipe of `argv` (its path and values; None and {} without one), with `argv` rewritten in place
+    to name the recipe's file (`--config embedded` -> the shipped file; `--config=X` -> `--config X`, as TRL reads it)."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            argv[index : index + 1] = ["--config", arg.split("=", 1)[1]]
+    if "--config" not in argv:
+        return None, {}
+    index = argv.index("--config") + 1
+    if index == len(argv):
+        raise ConfigError("--config needs a recipe file or the name of a shipped recipe, e.g. --config embedded.")
+    path = argv[index] = str(resolve_recipe(argv[index]))
+    try:
+        recipe = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(error).split())}).") from None
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"--config {path}: a recipe must be a YAML mapping of argument names to values.")
+    return path, recipe
+
+
+def _without_config(argv: list[str]) -> list[str]:
+    if "--config" not in argv:
+        return argv
+    index = argv.index("--config")
+    return argv[:index] + argv[index + 2 :]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The checks, run here and again by the full parser
+
+
+def _first(value):
+    return value[0] if isinstance(value, list) and value else value
+
+
+def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None) -> tuple[dict, list[str]]:
+    """The settings that `argv` and the recipe give (flags over recipe), and every problem the parser's table shows
+    with them, one sentence each: unknown flags and keys, values that do not parse, settings of the other kind of data,
+    the settings a dataset run lacks, quantization of the tiny model, a model that cannot load."""
+    given, problems = parse_flags(table, _without_config(argv))
+    if path is not None:
+        problems += recipe_problems(table, recipe, path)
+    settings = {**recipe, **given}
+    with_dataset = any(settings.get(key) for key in DATASET_KEYS)
+    other = settings_of_other_data(set(recipe) | set(given), with_dataset)
+    missing = missing_settings(
+        with_dataset=with_dataset,
+        model=_first(settings.get("model_name_or_path")),
+        reward_funcs=settings.get("reward_funcs"),
+        dataset_path=_first(settings.get("dataset_path")),
+    )
+    model = _first(settings.get("model_name_or_path"))
+    quantized = quantized_without_model(any(is_true(settings.get(k)) for k in ("load_in_4bit", "load_in_8bit")), model)
+    # The real model's name is a folder converted on first use (`smollm2.model_path`): the full parser checks it.
+    source = model_source_problem(str(model)) if model and str(model).lower() != SMOLLM2_NAME else None
+    return settings, problems + [problem for problem in (other, missing, quantized, source) if problem]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The output folder
+
+
+def _output_dir(table: dict, settings: dict) -> str | None:
+    """The output folder the run would use: given, else the built-in task's, else TRL's default."""
+    if "output_dir" in settings:  # `output_dir: null` in a recipe: TRL's default, which transformers sets later
+        return _first(settings["output_dir"])
+    named = any(settings.get(key) for key in SOURCE_KEYS)
+    task = _first(settings.get("task")) or "default"
+    return table["output_dirs"].get("" if named else task)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Before the import
+
+
+def _refuse(prog: str, problem: str):
+    print(f"{prog}: error: {' '.join(problem.split())}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def _answer_help(prog: str, argv: list[str]) -> None:
+    """The cached help (exit 0), or a line saying that the help is being built and what takes the time."""
+    text = None if "--config" in argv else cached_help(prog)
+    if text is not None:
+        print(text, end="")  # what `--help` printed last time, without importing TRL
+        raise SystemExit(0)
+    cached = "" if "--config" in argv else "; it is cached, so the next --help prints at once"
+    print(
+        f"{prog}: building the help: importing TRL, transformers and torch (seconds, or a minute on a busy "
+        f"machine){cached}.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def answer_early(prog: str, argv: list[str] | None = None) -> None:
-    """Prints the cached help and exits 0, or prints one `prog: error: ...` line and exits 2 for the settings a dataset
-    run lacks; otherwise returns (saying on stderr that the help is being built, when it is)."""
+    """Answers `--help` from the cache (exit 0) or bad input with one `prog: error: ...` line (exit 2), without
+    importing TRL; otherwise returns, and the full parser reads the command line.
+
+    The output folder is checked last and alone, as the full parser does once every value is known; it is left to
+    the full parser when resuming (the checkpoint is read there) and under a launcher of several processes (each rank
+    checks its own folder, and all stop with the first rank's line).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--config" in argv:
-        return  # the recipe may hold any setting: the full parser reads it
     if wants_help(argv):
-        text = cached_help(prog)
-        if text is not None:
-            print(text, end="")  # what `--help` printed last time, without importing TRL
-            raise SystemExit(0)
-        print(
-            f"{prog}: building the help: importing TRL, transformers and torch (seconds, or a minute on a busy "
-            "machine); it is cached, so the next --help prints at once.",
-            file=sys.stderr,
-            flush=True,
-        )
+        _answer_help(prog, argv)
         return
-    given = _given(argv)
-    dataset_path = (given.get("--dataset_path") or [None])[0]
-    problem = missing_settings(
-        with_dataset=any(flag in given for flag in _DATASET_FLAGS),
-        model=(given.get("--model_name_or_path") or [None])[0],
-        reward_funcs=given.get("--reward_funcs"),
-        dataset_path=dataset_path,
-    )
-    if problem is not None:
-        print(f"{prog}: error: {problem}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+    try:
+        path, recipe = read_recipe(argv)
+    except ConfigError as error:
+        _refuse(prog, str(error))
+    table = load_table()
+    if table is None or Path(sys.argv[0]).with_suffix(".args").is_file():  # HfArgumentParser reads `<script>.args`
+        return
+    settings, problems = input_problems(table, argv, recipe, path)
+    if problems:
+        _refuse(prog, " ".join(problems))
+    output_dir = _output_dir(table, settings)
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if output_dir and not settings.get("resume_from_checkpoint") and not several:
+        problem = earlier_run_problem(Path(output_dir))
+        if problem:
+            _refuse(prog, problem)

@@ -11,16 +11,10 @@ import sys
 from pathlib import Path
 
 import torch
-from huggingface_hub import constants, try_to_load_from_cache
-from transformers.trainer_utils import get_last_checkpoint
 
-from ..store.format import SEEDS_DIR, SeedManifest
 from ..store.resume import check_resume_checkpoint
 from ..trainer.collectives import is_deepspeed
-
-
-class ConfigError(ValueError):
-    """Bad input found before training: printed as one line, exit status 2."""
+from .refusals import ConfigError, earlier_run_problem, model_source_problem
 
 
 def cpu_only() -> bool:
@@ -49,8 +43,8 @@ def skip_deepspeed_shm_build() -> None:
 def check_output_dir(training_args) -> None:
     """One rule for a folder that holds another run: continue it with resume_from_checkpoint, or use a new folder.
 
-    Checkpoints and seeds are one run: a new run into a folder that has either would mix them (a later resume would
-    find another run's checkpoints, or shards moved aside), so it is refused before anything is loaded or written.
+    Checkpoints and seeds are one run (`early.earlier_run_problem`), so a used folder is refused before anything is
+    loaded or written.
     Every rank checks its own output_dir (another machine's may be a local disk), and all stop with the first line.
     """
     problem = None
@@ -67,17 +61,9 @@ def _check_own_output_dir(output_dir: Path, resume_from_checkpoint) -> None:
     if resume_from_checkpoint:
         check_resume_checkpoint(resume_from_checkpoint, output_dir)
         return
-    if not output_dir.is_dir():
-        return
-    last = get_last_checkpoint(str(output_dir))
-    if last is None and not SeedManifest.path(output_dir / SEEDS_DIR).is_file():
-        return
-    held = f"checkpoints up to {Path(last).name}" if last else "a seed dataset (seeds/manifest.json)"
-    resume = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <its checkpoint>"
-    raise ConfigError(
-        f"--output_dir {output_dir} holds an earlier run ({held}). Continue it with {resume}, or start a new run in "
-        "another --output_dir (or move the folder away)."
-    )
+    problem = earlier_run_problem(output_dir)  # the rule `ts_trl train` also applies before TRL is imported
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def first_problem_of_every_rank(problem: str | None) -> str | None:
@@ -93,21 +79,9 @@ def first_problem_of_every_rank(problem: str | None) -> str | None:
 
 def check_model_source(name: str) -> None:
     """Fails early and clearly on a local model path that does not exist, or a Hub id not cached when offline."""
-    path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"--model_name_or_path {name}: the folder has no config.json; it is not a saved model.")
-        return
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
-    if looks_local:
-        raise ConfigError(f"--model_name_or_path {name}: no such local folder.")
-    if constants.HF_HUB_OFFLINE:
-        cached = try_to_load_from_cache(name, "config.json")
-        if not isinstance(cached, str):
-            raise ConfigError(
-                f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. "
-                f"Download it first (`hf download {name}`) or unset HF_HUB_OFFLINE."
-            )
+    problem = model_source_problem(name)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 @contextlib.contextmanager

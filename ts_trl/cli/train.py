@@ -29,9 +29,9 @@ from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
 from .data import load_training_data
-from .early import missing_settings
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
+from .refusals import missing_settings, quantized_without_model
 from .report import held_out_pass_at_1, logged_held_out_pass_at_1, report_run
 
 # The exit status of a run stopped by Ctrl-C or SIGTERM once its checkpoint is safe (128 + the signal, as shells report).
@@ -88,10 +88,7 @@ def load_model(script_args: SeedScriptArguments, training_args, model_args, task
         training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
         return model_args.model_name_or_path, None
     if quantized:
-        raise ConfigError(
-            "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
-            "the embedded default's tiny model is not quantized. Drop the flag or name a model."
-        )
+        raise ConfigError(quantized_without_model(quantized, None))
     task = task or embedded_task(script_args, training_args.seed)
     return build_task_model(
         script_args.task,

@@ -1,0 +1,149 @@
+"""Bad input to `ts_trl train` and `train.py`, answered before torch, transformers and TRL are imported: one line, exit
+status 2, the same line the full parser gives, and the table of flags that makes it possible kept equal to the parser."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ts_trl.cli.arguments import default_output_dirs, make_parser, parse_args
+from ts_trl.cli.flag_table import SHIPPED_TABLE, table_of
+from ts_trl.cli.refusals import ConfigError, last_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "trl")
+COMMANDS = {"ts_trl train": ["-m", "ts_trl", "train"], "train.py": ["train.py"]}
+
+
+def _run(command: str, argv: list[str], tmp_path: Path):
+    """The command in a fresh interpreter under `-X importtime`: (exit status, stderr lines, top-level imports)."""
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TS_TRL_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    environment.pop("PYTHONWARNINGS", None)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *COMMANDS[command], *argv],
+        capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    lines = result.stderr.splitlines()
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    return result.returncode, [line for line in lines if not line.startswith("import time:")], imported
+
+
+def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """Bad inputs of every kind answered early: (argv, what the one line names)."""
+    used = tmp / "used"
+    (used / "checkpoint-5").mkdir(parents=True, exist_ok=True)
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text("seed_fractoin: 0.3\nlearning_rate: [1, 2]\ntask: nope\n")
+    fresh = ["--output_dir", str(tmp / "fresh")]
+    return {
+        "used output folder": (["--output_dir", str(used)], ["holds an earlier run (checkpoints up to checkpoint-5)"]),
+        "unknown flags": (
+            ["--seed_fractoin", "0.3", "--no_such_flag", "1", *fresh],
+            ["unknown flag(s): --seed_fractoin (did you mean --seed_fraction?), --no_such_flag."],
+        ),
+        "bad values": (
+            ["--learning_rate", "abc", "--use_cpu", "maybe", "--task", "nope", *fresh],
+            ["--learning_rate abc: expected a number.", "--use_cpu maybe: expected true or false.", "--task nope"],
+        ),
+        "bad recipe": (
+            ["--config", str(recipe), *fresh],
+            [
+                "unknown key(s): seed_fractoin (did you mean seed_fraction?)",
+                "learning_rate: [1, 2]: expected a single",
+            ],
+        ),
+        "no such recipe": (["--config", "no_such_recipe", *fresh], ["no such recipe file, nor a shipped recipe"]),
+        "settings of the other data": (["--max_train_samples", "8", *fresh], ["--max_train_samples set a dataset's"]),
+        "model that cannot load": (
+            [
+                "--dataset_path",
+                str(recipe),
+                "--reward_funcs",
+                "math",
+                "--model_name_or_path",
+                "./no/such/model",
+                *fresh,
+            ],
+            ["--model_name_or_path ./no/such/model: no such local folder."],
+        ),
+        "model not cached offline": (
+            ["--model_name_or_path", "ts-trl-tests/not-a-cached-model", *fresh],
+            ["not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"],
+        ),
+        "quantized tiny model": (["--load_in_4bit", *fresh], ["the embedded default's tiny model is not quantized"]),
+        "missing settings": (
+            ["--dataset_path", str(tmp / "none.jsonl"), *fresh],
+            ["--model_name_or_path is required", "--reward_funcs is required", "none.jsonl: no such file"],
+        ),
+    }
+
+
+CASES = list(_cases(Path("/nonexistent")))  # the names only: the folders are made under each test's tmp_path
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_bad_input_is_one_line_before_the_heavy_imports(command, case, tmp_path):
+    argv, named = _cases(tmp_path)[case]
+    status, lines, imported = _run(command, argv, tmp_path)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{command}: error: "), lines
+    assert all(part in lines[0] for part in named), lines[0]
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_full_parser_says_the_same_line(case, tmp_path, monkeypatch):
+    """One source of truth: the parser, once TRL is imported, refuses each case with the line given before it."""
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    argv, _ = _cases(tmp_path)[case]
+    _, lines, _ = _run("ts_trl train", argv, tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(make_parser(prog="ts_trl train"), argv)
+    assert lines == [f"ts_trl train: error: {' '.join(str(refused.value).split())}"]
+
+
+def test_the_shipped_table_is_the_parsers():
+    """`train_flags.json` holds the flags of the live parser; regenerate it with `python -m ts_trl.cli.flag_table`."""
+    live = json.loads(json.dumps(table_of(make_parser(), default_output_dirs())))
+    shipped = json.loads(SHIPPED_TABLE.read_text())
+    assert shipped["versions"] == live["versions"], "python -m ts_trl.cli.flag_table"
+    assert shipped == live, "the flags changed: python -m ts_trl.cli.flag_table writes the table again"
+
+
+def test_the_checkpoint_found_is_transformers_one(tmp_path):
+    from transformers.trainer_utils import get_last_checkpoint
+
+    for name in ("checkpoint-9", "checkpoint-10", "checkpoint-x", "checkpoint-2-old", "notes"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-99").write_text("a file, not a checkpoint")
+    assert str(last_checkpoint(tmp_path)) == get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+
+
+def test_good_input_reaches_the_full_parser(tmp_path):
+    """A command line with nothing wrong is not refused early: the run goes on to import TRL (stopped here at a
+    dataclass check the table does not make)."""
+    status, lines, imported = _run("ts_trl train", ["--cut_ratio_min", "0", "--output_dir", str(tmp_path)], tmp_path)
+    assert status == 2 and lines[-1].startswith("ts_trl train: error: cut_ratio_min must lie strictly"), lines
+    assert set(HEAVY) <= imported
+
+
+def test_the_first_help_says_it_is_building_before_the_heavy_imports(tmp_path):
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TS_TRL_CACHE": str(tmp_path / "cache"), "COLUMNS": "100"}
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ts_trl", "train", "--help"],
+        capture_output=True, text=True, env=environment, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0 and "--output_dir" in result.stdout
+    lines = result.stderr.splitlines()
+    (building,) = [i for i, line in enumerate(lines) if line.startswith("ts_trl train: building the help: importing")]
+    first_heavy = min(i for i, line in enumerate(lines) if line.rsplit("|", 1)[-1].strip() in HEAVY)
+    assert building < first_heavy

@@ -1,0 +1,121 @@
+"""The rules by which `ts_trl train` (and `train.py`) refuses input before training, each one sentence: the full
+parser applies them, and `early` before TRL is imported, so both say the same."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+# The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
+DATASET_KEYS = ("dataset_name", "dataset_path")
+# Flags whose presence means "not the embedded default".
+SOURCE_KEYS = ("model_name_or_path", *DATASET_KEYS)
+_DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
+_TASK_ONLY_PREFIX = "embedded_"
+# transformers' checkpoint folders (`PREFIX_CHECKPOINT_DIR`): tests/test_early.py checks that both find the same one.
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+class ConfigError(ValueError):
+    """Bad input found before training: printed as one line, exit status 2."""
+
+
+def missing_settings(*, with_dataset: bool, model: str | None, reward_funcs, dataset_path: str | None) -> str | None:
+    """Every setting a run lacks, in one sentence (None: nothing is missing)."""
+    problems = []
+    if with_dataset and not model:
+        problems.append(
+            "--model_name_or_path is required with a dataset (the tiny built-in model only knows the built-in task)"
+        )
+    if with_dataset and not reward_funcs:
+        problems.append("--reward_funcs is required with a dataset, e.g. --reward_funcs math format")
+    if dataset_path and not Path(dataset_path).expanduser().exists():
+        problems.append(f"--dataset_path {dataset_path}: no such file or folder")
+    return "; ".join(problems) + "." if problems else None
+
+
+def settings_of_other_data(given: set[str], with_dataset: bool) -> str | None:
+    """Settings that the run's kind of data would silently ignore, in one sentence: the built-in task's (`--task`,
+    `--embedded_*`) with a dataset, a dataset's (`--max_train_samples`, `--prompt_column`, ...) without."""
+    if with_dataset:
+        wrong = sorted(key for key in given if key.startswith(_TASK_ONLY_PREFIX) or key == "task")
+        if wrong:
+            return (
+                f"{_flag_list(wrong)} set the built-in task, and this run trains on a dataset (--dataset_name or "
+                "--dataset_path): drop them; --max_train_samples keeps the first rows of the dataset."
+            )
+        return None
+    wrong = sorted(key for key in given if key in _DATASET_ONLY)
+    if wrong:
+        return (
+            f"{_flag_list(wrong)} set a dataset's data, and this run trains on the built-in task (no --dataset_name "
+            "nor --dataset_path): drop them; --embedded_train_problems sets how many training problems it has."
+        )
+    return None
+
+
+def _flag_list(keys: list[str]) -> str:
+    return ", ".join(f"--{key}" for key in keys)
+
+
+def last_checkpoint(folder: Path) -> Path | None:
+    """The `checkpoint-N` folder of `folder` with the largest N, as transformers' `get_last_checkpoint` finds it."""
+    steps = {}
+    for child in folder.iterdir():
+        match = _CHECKPOINT.match(child.name)
+        if match and child.is_dir():
+            steps[int(match.group(1))] = child
+    return steps[max(steps)] if steps else None
+
+
+def earlier_run_problem(output_dir: Path) -> str | None:
+    """Why a new run may not start in `output_dir`: it holds checkpoints or a seed dataset of an earlier run.
+
+    Checkpoints and seeds are one run: a new run into a folder that has either would mix them (a later resume would
+    find another run's checkpoints, or shards moved aside).
+    """
+    if not output_dir.is_dir():
+        return None
+    from ..store.format import SEEDS_DIR, SeedManifest  # lazy: pyarrow, only when the folder exists
+
+    last = last_checkpoint(output_dir)
+    if last is None and not SeedManifest.path(output_dir / SEEDS_DIR).is_file():
+        return None
+    held = f"checkpoints up to {last.name}" if last else "a seed dataset (seeds/manifest.json)"
+    resume = f"--resume_from_checkpoint {last}" if last else "--resume_from_checkpoint <its checkpoint>"
+    return (
+        f"--output_dir {output_dir} holds an earlier run ({held}). Continue it with {resume}, or start a new run in "
+        "another --output_dir (or move the folder away)."
+    )
+
+
+def model_source_problem(name: str) -> str | None:
+    """Why the model `name` cannot load: a local path that does not exist or holds no saved model, or a Hub id that is
+    not in the local cache while `HF_HUB_OFFLINE` is set (None: it may load)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            return f"--model_name_or_path {name}: the folder has no config.json; it is not a saved model."
+        return None
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    if looks_local:
+        return f"--model_name_or_path {name}: no such local folder."
+    from huggingface_hub import constants, try_to_load_from_cache  # lazy: a Hub id only (httpx takes a second)
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return (
+            f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. "
+            f"Download it first (`hf download {name}`) or unset HF_HUB_OFFLINE."
+        )
+    return None
+
+
+def quantized_without_model(quantized: bool, model: str | None) -> str | None:
+    """`--load_in_4bit/8bit` on the embedded default's tiny model, which is not quantized."""
+    if quantized and not model:
+        return (
+            "--load_in_4bit/--load_in_8bit quantize a model named with --model_name_or_path (bitsandbytes, on GPU); "
+            "the embedded default's tiny model is not quantized. Drop the flag or name a model."
+        )
+    return None
