@@ -50,6 +50,7 @@ from .format import (
     write_shard,
 )
 from .hub import CARD_FILE, DATA_DIR, hub_endpoint
+from .local_cuts import LocalCuts
 from .schema import prompt_id_of
 
 logger = logging.getLogger(__name__)
@@ -582,30 +583,59 @@ def retokenise(tokenizer, text: str, newline_only: bool = False) -> tuple[list[i
     the cut never falls inside a token it would split differently. At most `MAX_CUT_CANDIDATES` boundaries, evenly
     spread over the text, are checked, which bounds the cost at that many tokenisations of a prefix per trace.
     """
-    return retokenise_many(tokenizer, [text], newline_only)[0]
+    ids, cuts = retokenise_many(tokenizer, [text], newline_only)[0]
+    return [int(i) for i in ids], cuts
 
 
-def retokenise_many(tokenizer, texts: list[str], newline_only: bool = False) -> list[tuple[list[int], np.ndarray]]:
-    """`retokenise` of each text, with one tokenizer call for all their prefixes and one for all their decodings.
+@dataclass
+class TextCodec:
+    """How `retokenise_many` tokenises: `encode` and `decode` of lists (`_fast_codec`), and, for a byte-level BPE
+    tokenizer proven local, the cuts from one encoding of each trace (`local_cuts.py`; None: every prefix encoded)."""
 
-    Where this tokenizer is a plain fast (Rust) tokenizer, its backend is called directly (`_fast_codec`), which
-    returns what the tokenizer's own `__call__` and `batch_decode` return without their per-token Python work.
+    encode: object
+    decode: object
+    local: LocalCuts | None = None
+
+    @classmethod
+    def of(cls, tokenizer) -> TextCodec:
+        encode, decode, backend = _fast_codec(tokenizer)
+        return cls(encode, decode, LocalCuts.of(backend) if backend is not None else None)
+
+
+def retokenise_many(
+    tokenizer, texts: list[str], newline_only: bool = False, codec: TextCodec | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`retokenise` of each text (its ids as int32), the same cuts found with less work.
+
+    A trace the codec's `local` cuts serve is encoded once; the others with one tokenizer call for all their
+    prefixes and one for all their decodings. `codec`: `TextCodec.of(tokenizer)`, built once for many calls.
     """
-    encode, decode = _fast_codec(tokenizer)
+    codec = codec or TextCodec.of(tokenizer)
     ends = [_boundaries(text, newline_only) for text in texts]
-    encoded = encode([*texts, *(text[:p] for text, found in zip(texts, ends) for p in found)])
+    done = [codec.local.cuts(text, found) if codec.local else None for text, found in zip(texts, ends)]
+    rest = [t for t, result in enumerate(done) if result is None]
+    for t, result in zip(rest, _encoded_cuts(codec, [texts[t] for t in rest], [ends[t] for t in rest])):
+        done[t] = result
+    return done
+
+
+def _encoded_cuts(codec: TextCodec, texts: list[str], ends: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`retokenise` by its definition: every candidate prefix encoded, and decoded where its ids begin the trace's."""
+    if not texts:
+        return []
+    encoded = codec.encode([*texts, *(text[:p] for text, found in zip(texts, ends) for p in found)])
     whole, encoded = encoded[: len(texts)], iter(encoded[len(texts) :])
     candidates = []  # (trace, p, ids of text[:p]) where those ids are the trace's first ids
     for t, (ids, found) in enumerate(zip(whole, ends)):
         for p, e in zip(found, encoded):
             if 0 < len(e) < len(ids) and ids[: len(e)] == e:
                 candidates.append((t, p, e))
-    decoded = decode([e for _, _, e in candidates]) if candidates else []
+    decoded = codec.decode([e for _, _, e in candidates]) if candidates else []
     cuts: list[set[int]] = [set() for _ in texts]
     for (t, p, e), back in zip(candidates, decoded):
         if back == texts[t][:p]:
             cuts[t].add(len(e))
-    return [(ids, np.array(sorted(found), np.int32)) for ids, found in zip(whole, cuts)]
+    return [(np.asarray(ids, np.int32), np.array(sorted(found), np.int32)) for ids, found in zip(whole, cuts)]
 
 
 _SPACE = re.compile(r"\s")  # CPython's `\s` on str is `str.isspace` (both `Py_UNICODE_ISSPACE`)
@@ -625,13 +655,13 @@ def _boundaries(text: str, newline_only: bool) -> list[int]:
 
 
 def _fast_codec(tokenizer):
-    """(encode, decode) of lists: exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]` and
+    """(encode, decode, backend) of lists: exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]` and
     `tokenizer.batch_decode(ids, skip_special_tokens=False)`.
 
     For a `transformers` fast tokenizer that overrides none of the methods these go through, with no truncation,
     padding or clean-up of spaces, they are the Rust backend's `encode` and `decode_batch` (transformers' own calls
-    convert every id through Python, which made re-tokenising 10^5 traces take minutes); otherwise the tokenizer's
-    own methods.
+    convert every id through Python, which made re-tokenising 10^5 traces take minutes), and the backend; otherwise the
+    tokenizer's own methods and None.
     """
 
     def encode(texts):
@@ -644,7 +674,7 @@ def _fast_codec(tokenizer):
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # lazy: private modules, may move
         from transformers.tokenization_utils_tokenizers import TokenizersBackend  # lazy: as above
     except ImportError:  # another transformers: its own methods
-        return encode, decode
+        return encode, decode, None
     kind = type(tokenizer)
     plain = isinstance(tokenizer, TokenizersBackend) and all(
         getattr(kind, name, None) is getattr(base, name, None)
@@ -655,13 +685,13 @@ def _fast_codec(tokenizer):
         for name in names
     )
     if not plain:
-        return encode, decode
+        return encode, decode, None
     encode(["a"])  # transformers' own call sets the backend's truncation, padding and special-token splitting
     backend = tokenizer.backend_tokenizer
     if backend.truncation is not None or backend.padding is not None or tokenizer.clean_up_tokenization_spaces:
-        return encode, decode
+        return encode, decode, None
     if backend.encode_special_tokens != bool(tokenizer.split_special_tokens):
-        return encode, decode
+        return encode, decode, None
 
     def fast_encode(texts):  # one text at a time: the batch call's worker threads cost more CPU than they save
         return [backend.encode(text, add_special_tokens=False).ids for text in texts]
@@ -669,7 +699,7 @@ def _fast_codec(tokenizer):
     def fast_decode(ids):
         return backend.decode_batch(ids, skip_special_tokens=False)
 
-    return fast_encode, fast_decode
+    return fast_encode, fast_decode, backend
 
 
 def success_scores(traces, rows, train_dataset, success, source, main=True) -> np.ndarray:
@@ -763,13 +793,12 @@ def text_seeds(
         tokenised = {i: rendered[i][:2] for i in kept}
         turns = [(rendered[i][2], json.dumps(traces[i].turns)) for i in kept]
     else:
-        tokenised = {}
+        tokenised, codec = {}, TextCodec.of(tokenizer)
         for start in range(0, len(kept), RETOKENISE_BATCH):
             batch = kept[start : start + RETOKENISE_BATCH]
             texts = [traces[i].text for i in batch]
-            done = retokenise_many(tokenizer, texts, settings.cut_at_newline)
             # ids as arrays: a Python int per token made 10^5 traces' ids take hundreds of MB until the table was built
-            tokenised.update((i, (np.asarray(ids, np.int32), cuts)) for i, (ids, cuts) in zip(batch, done))
+            tokenised.update(zip(batch, retokenise_many(tokenizer, texts, settings.cut_at_newline, codec)))
     _check_budget([len(tokenised[i][0]) for i in kept], settings.max_completion_length, source)
     prompt_ids = _prompt_ids(train_dataset)
     table = seed_rows_table(
