@@ -90,8 +90,9 @@ def measure(path: Path, num_prompts: int, output_dir: Path) -> dict:
     }
 
 
-def run(sizes, scratch: Path) -> list[dict]:
-    """One fresh process per size (the file is written by another), so each peak is that size's own."""
+def run(sizes, scratch: Path, report=None) -> list[dict]:
+    """One fresh process per size (the file is written by another), so each peak is that size's own; `report` is
+    called with each size's row as soon as it is measured (a long run's first rows are not lost with its last)."""
     results = []
     for size in sizes:
         path = scratch / f"traces-{size}.parquet"
@@ -101,6 +102,8 @@ def run(sizes, scratch: Path) -> list[dict]:
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results.append({"traces": size, "file_mb": round(path.stat().st_size / 2**20, 1), **json.loads(out)})
         path.unlink()
+        if report is not None:
+            report(results[-1])
     return results
 
 
@@ -117,9 +120,7 @@ def main(argv=None) -> int:
         return 0
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
-        rows = run(args.sizes, Path(scratch))
-    for row in rows:
-        print(json.dumps(row), flush=True)
+        rows = run(args.sizes, Path(scratch), lambda row: print(json.dumps(row), flush=True))
     if args.out is not None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
         report = {
