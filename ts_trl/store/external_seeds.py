@@ -620,12 +620,13 @@ def same_prompt(one, other) -> bool:
     return bool(set(normalised(one)) & set(normalised(other))) or not normalised(one) or not normalised(other)
 
 
-def check_prompt_texts(prompt_ids, prompts, train_dataset, source: str) -> None:
+def check_prompt_texts(prompt_ids, prompts, train_dataset, source: str, ours: dict | None = None) -> None:
     """Refuses, in one line, a seed whose `prompt_id` names another prompt in this training set: its rollout would
-    be continued as the answer to a prompt it never saw."""
+    be continued as the answer to a prompt it never saw. `ours` (the training prompts by id, `training_prompts`)
+    saves rebuilding them at every batch of a streamed file."""
     if not hasattr(train_dataset, "__len__"):
         return
-    ours = dict(zip(_prompt_ids(train_dataset), train_dataset["prompt"]))
+    ours = training_prompts(train_dataset) if ours is None else ours
     checked = set()
     for prompt_id, prompt in zip(list(prompt_ids), list(prompts)):
         prompt_id = None if prompt_id is None else str(prompt_id)
@@ -638,6 +639,11 @@ def check_prompt_texts(prompt_ids, prompts, train_dataset, source: str) -> None:
                 f"{str(ours[prompt_id])[:60]!r} in this training set, so its seeds would continue another prompt. "
                 "Seed from a dataset of this training set, or give the training prompts ids that mean the same prompts."
             )
+
+
+def training_prompts(train_dataset) -> dict:
+    """The training prompts by prompt id, as `check_prompt_texts` compares them."""
+    return dict(zip(_prompt_ids(train_dataset), train_dataset["prompt"]))
 
 
 def match_prompts(traces: list[Trace], train_dataset, source: str) -> list[int | None]:
@@ -668,10 +674,12 @@ class PromptIndex:
             for key in normalised(prompt):
                 self.by_text.setdefault(key, row)
         self.train_dataset, self.source = train_dataset, source
+        self.prompts = training_prompts(train_dataset)  # once, not at every batch of a streamed file
 
     def rows(self, traces: list[Trace]) -> list[int | None]:
         """Each trace's training row, None where none matches; a `prompt_id` naming another prompt is refused."""
-        check_prompt_texts([t.prompt_id for t in traces], [t.prompt for t in traces], self.train_dataset, self.source)
+        prompt_ids, prompts = [t.prompt_id for t in traces], [t.prompt for t in traces]
+        check_prompt_texts(prompt_ids, prompts, self.train_dataset, self.source, self.prompts)
         rows = []
         for trace in traces:
             row = self.by_id.get(trace.prompt_id) if trace.prompt_id is not None else None
