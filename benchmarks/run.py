@@ -1,4 +1,5 @@
-"""Benchmarks of ts_trl: step time against TRL's GRPOTrainer, the seed bank at scale, reward throughput.
+"""Benchmarks of ts_trl: step time against TRL's GRPOTrainer, the seed bank at scale, reward throughput, text seeds of
+trace datasets.
 
     python benchmarks/run.py            # full run (135 s on 2 quiet cores); writes benchmarks/results/latest.*
     python benchmarks/run.py --quick    # CI-sized (under 3 minutes); writes to a temporary folder unless --out
@@ -32,6 +33,7 @@ import bank_scale  # noqa: E402
 import psutil  # noqa: E402
 import reward_throughput  # noqa: E402
 import step_time  # noqa: E402
+import trace_scale  # noqa: E402
 
 CI_MARGIN = 1.2  # CI fails only when a target is missed by more than 20% (noise on a shared machine)
 # Step-time targets vs GRPOTrainer: a mixed batch no slower, a fully seeded one 10% faster. The value is the
@@ -41,6 +43,7 @@ CI_MARGIN = 1.2  # CI fails only when a target is missed by more than 20% (noise
 STEP_TIME_TARGETS = {"seeds_f0.5": 1.0, "seeds_f1": 0.9}
 RESUME_TARGET_S = 5.0  # resuming 10^6 rollouts
 METADATA_TARGET_BYTES = 40  # per rollout, in every rank
+TRACES_CPU_TARGET_S = 60.0  # constructing the text seeds of 10^5 short traces (issue 48, item 8)
 
 
 def machine() -> dict:
@@ -247,6 +250,19 @@ def targets(results: dict) -> list[dict]:
                 f"{sizes[0]['checkpoint_rollouts']} new rollouts per checkpoint",
             )
         )
+    traces = results.get("traces")
+    if traces:
+        for row in traces["sizes"]:
+            out.append(
+                _target(
+                    f"text seeds of 10^{len(str(row['traces'])) - 1} short traces, CPU s per 10^5",
+                    round(row["cpu_s"] * 1e5 / row["traces"], 1),
+                    TRACES_CPU_TARGET_S,
+                    " s",
+                    f"measured {row['cpu_s']:.1f} s CPU ({row['wall_s']:.1f} s wall) for {row['traces']:,}; "
+                    f"peak RSS {row['peak_rss_mb']:.0f} MB, {row['peak_rss_mb_before']:.0f} MB before the call",
+                )
+            )
     return out
 
 
@@ -362,6 +378,24 @@ def markdown(report: dict) -> str:
                 f"| code (sandboxed) | {c_['samples']} | {c_['samples_per_s']:.1f} | {c_['batch']} "
                 f"| layers: {', '.join(c_['isolation'])} |"
             )
+    traces = report["results"].get("traces")
+    if traces:
+        lines += [
+            "",
+            "## Text seeds of trace datasets",
+            "",
+            "`read_external_seeds` (what `SeedGRPOTrainer(seed_dataset=<file>)` calls at construction) on a Parquet file "
+            "of N synthetic short traces, character tokenizer; one fresh process per size. CPU: `time.process_time`; "
+            "peak RSS: the process's `ru_maxrss`.",
+            "",
+            "| traces | file MB | CPU s | wall s | peak RSS MB (before the call) | seeds | cuts per seed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in traces["sizes"]:
+            lines.append(
+                f"| {r['traces']:,} | {r['file_mb']} | {r['cpu_s']:.1f} | {r['wall_s']:.1f} "
+                f"| {r['peak_rss_mb']:.0f} ({r['peak_rss_mb_before']:.0f}) | {r['kept']:,} | {r['cuts_per_seed']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -371,11 +405,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out", type=Path, help="report folder (default: benchmarks/results, or a temp dir in --quick)"
     )
-    parser.add_argument("--only", nargs="+", choices=("step_time", "bank", "rewards"), help="run only these sections")
+    parser.add_argument(
+        "--only", nargs="+", choices=("step_time", "bank", "rewards", "traces"), help="run only these sections"
+    )
     args = parser.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="ts_trl-bench-")) if args.quick else REPO / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
-    sections = args.only or ["step_time", "bank", "rewards"]
+    sections = args.only or ["step_time", "bank", "rewards", "traces"]
     started = time.perf_counter()
     report = {"quick": args.quick, "machine": machine(), "load": {}, "results": {}}
     with tempfile.TemporaryDirectory(prefix="ts_trl-bench-") as scratch:
@@ -389,6 +425,9 @@ def main(argv=None) -> int:
                 elif section == "bank":
                     sizes = [10**4, 10**5] if args.quick else [10**4, 10**5, 10**6]
                     result = bank_scale.run(sizes, 256, 5000, Path(scratch))
+                elif section == "traces":
+                    sizes = [10**4] if args.quick else [10**4, 10**5, 10**6]
+                    result = {"sizes": trace_scale.run(sizes, Path(scratch))}
                 else:
                     result = reward_throughput.run(args.quick)
             report["results"][section] = result

@@ -4,13 +4,17 @@ Each size runs in a fresh process (`python benchmarks/trace_scale.py SIZE ...`),
 synthetic traces (a prompt and a few-line trace each, `TRACES_PER_PROMPT` per training prompt) through
 `read_external_seeds`, the function a `SeedGRPOTrainer` with `seed_dataset=<file>` calls at construction, with the
 tiny character-level tokenizer. Reported: CPU seconds (`time.process_time`, what a loaded machine inflates least),
-wall seconds and the process's peak resident memory (`ru_maxrss`), before and after the call.
+wall seconds and the process's peak resident memory (`ru_maxrss`), before and after the call. A Parquet file is read
+a batch of rows at a time (`STREAM_ROWS`), so the peak does not grow with every text held at once.
+
+    python benchmarks/trace_scale.py 10000 100000 1000000 --out benchmarks/results/trace_scale.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+REPO = Path(__file__).resolve().parents[1]
 TRACES_PER_PROMPT = 4
 WRITE_BATCH = 50_000  # rows per row group of the synthetic file
 
@@ -60,6 +65,7 @@ def write_traces(size: int, path: Path) -> int:
 
 def measure(path: Path, num_prompts: int, output_dir: Path) -> dict:
     """Constructs the seeds of `path` as a trainer does, in this process; returns what it cost."""
+    sys.path.insert(0, str(REPO))
     from datasets import Dataset
 
     from ts_trl.store.external_seeds import ExternalSeedSettings, read_external_seeds
@@ -84,8 +90,9 @@ def measure(path: Path, num_prompts: int, output_dir: Path) -> dict:
     }
 
 
-def run(sizes, scratch: Path) -> list[dict]:
-    """One fresh process per size (the file is written by another), so each peak is that size's own."""
+def run(sizes, scratch: Path, report=None) -> list[dict]:
+    """One fresh process per size (the file is written by another), so each peak is that size's own; `report` is
+    called with each size's row as soon as it is measured (a long run's first rows are not lost with its last)."""
     results = []
     for size in sizes:
         path = scratch / f"traces-{size}.parquet"
@@ -95,12 +102,15 @@ def run(sizes, scratch: Path) -> list[dict]:
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results.append({"traces": size, "file_mb": round(path.stat().st_size / 2**20, 1), **json.loads(out)})
         path.unlink()
+        if report is not None:
+            report(results[-1])
     return results
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("sizes", nargs="+", type=int)
+    parser.add_argument("--out", type=Path, help="also write the rows, the commit and the load to this JSON file")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--prompts", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--output-dir", type=Path, help=argparse.SUPPRESS)
@@ -108,9 +118,20 @@ def main(argv=None) -> int:
     if args.measure is not None:
         print(json.dumps(measure(args.measure, args.prompts, args.output_dir)))
         return 0
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
-        for result in run(args.sizes, Path(scratch)):
-            print(json.dumps(result), flush=True)
+        rows = run(args.sizes, Path(scratch), lambda row: print(json.dumps(row), flush=True))
+    if args.out is not None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        report = {
+            "commit": commit.stdout.strip() or None,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "cores": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "sizes": rows,
+        }
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

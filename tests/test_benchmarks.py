@@ -152,3 +152,13 @@ def test_agent_seeding_check_fails_when_a_prefix_is_run_or_generated_again():
     replay = check_rows(_batch(environment=True, environment_log=[("loop", *answer)]))
     assert any("before generation" in p for p in replay), replay
     assert any("the tools ran" in p for p in check_rows(_batch(tool_log=[call, answer])))
+
+
+@pytest.mark.timeout(600)
+def test_quick_trace_benchmark_reports_its_row(tmp_path):
+    """The text-seed benchmark's row stands in the quick run: 10^4 traces, every one a seed (its time is not judged)."""
+    report, table = _quick_benchmark(tmp_path, "traces")
+    (row,) = report["results"]["traces"]["sizes"]
+    assert row["traces"] == row["kept"] == 10**4 and row["cuts_per_seed"] > 0 and row["peak_rss_mb"] > 0
+    assert any(t["name"].startswith("text seeds of 10^4") for t in report["targets"]), report["targets"]
+    assert "## Text seeds of trace datasets" in table

@@ -82,3 +82,47 @@ def test_the_boundary_pattern_is_str_isspace():
     characters = "".join(map(chr, range(sys.maxunicode + 1)))
     by_pattern = {m.start() for m in external_seeds._SPACE.finditer(characters)}
     assert by_pattern == {i for i, c in enumerate(characters) if c.isspace()}
+
+
+def test_a_parquet_file_of_traces_is_read_a_batch_at_a_time_and_gives_the_seeds_of_reading_it_whole(
+    tmp_path, monkeypatch
+):
+    """`read_external_seeds` streams a Parquet file of traces (never `pq.read_table` of it, no batch over
+    `STREAM_ROWS` rows) and keeps exactly the seeds of reading every trace at once, unmatched rows left out alike."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+
+    from benchmarks.trace_scale import _operands, _prompt, write_traces
+    from ts_trl.store.external_seeds import ExternalSeedSettings, read_external_seeds, read_traces, text_seeds
+    from ts_trl.store.schema import tokenizer_fingerprint
+
+    size = 3000  # a few thousand rows in batches of 512: six batches, the last one short
+    path = tmp_path / "traces.parquet"
+    num_prompts = write_traces(size, path)
+    a, b, c = _operands(num_prompts)
+    train = Dataset.from_dict({"prompt": [_prompt(p, a, b, c) for p in range(num_prompts - 5)]})  # 20 rows unmatched
+    tokenizer = build_word_tokenizer()
+    settings = ExternalSeedSettings(seed_dataset=str(path), max_completion_length=256, output_dir=str(tmp_path / "o"))
+    whole, _ = read_traces(pq.read_table(path), None, None, "s")
+    expected = text_seeds(settings, tokenizer, whole, train, ((), (), None), "s")
+
+    sizes, read_whole = [], pq.read_table
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def counted(self, *args, **kwargs):
+        for batch in iter_batches(self, *args, **kwargs):
+            sizes.append(batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(external_seeds, "STREAM_ROWS", 512)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
+    monkeypatch.setattr(
+        pq, "read_table", lambda source, *a, **k: pytest.fail("read whole") if source == path else read_whole(source)
+    )
+    seeds = read_external_seeds(settings, tokenizer, tokenizer_fingerprint(tokenizer), train)
+    assert sizes and max(sizes) <= 512 and sum(sizes) >= size and len(sizes) >= size // 512
+    assert seeds.table.drop_columns(["logprobs"]).equals(expected.table.drop_columns(["logprobs"]))  # NaN != NaN
+    assert external_seeds.external_seeds_digest(seeds) == external_seeds.external_seeds_digest(expected)
+    assert seeds.provenance["kept"] == expected.provenance["kept"] == size - 20
+    assert seeds.text_cuts.keys() == expected.text_cuts.keys()
+    assert all(np.array_equal(seeds.text_cuts[k], expected.text_cuts[k]) for k in seeds.text_cuts)
