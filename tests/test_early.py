@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ts_trl.cli.arguments import default_output_dirs, make_parser, parse_args
-from ts_trl.cli.flag_table import SHIPPED_TABLE, table_of
+from ts_trl.cli.flag_table import SHIPPED_TABLE, load_table, table_of
 from ts_trl.cli.refusals import ConfigError, last_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,11 +111,15 @@ def test_the_full_parser_says_the_same_line(case, tmp_path, monkeypatch):
     assert lines == [f"ts_trl train: error: {' '.join(str(refused.value).split())}"]
 
 
-def test_the_shipped_table_is_the_parsers():
-    """`train_flags.json` holds the flags of the live parser; regenerate it with `python -m ts_trl.cli.flag_table`."""
+def test_the_shipped_table_is_the_parsers(tmp_path, monkeypatch):
+    """`train_flags.json` holds the flags of the live parser (regenerate it with `python -m ts_trl.cli.flag_table`);
+    with other TRL or transformers versions than it was made with, it is not used: the checks wait for the parser."""
     live = json.loads(json.dumps(table_of(make_parser(), default_output_dirs())))
     shipped = json.loads(SHIPPED_TABLE.read_text())
-    assert shipped["versions"] == live["versions"], "python -m ts_trl.cli.flag_table"
+    if shipped["versions"] != live["versions"]:
+        monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "empty-cache"))
+        assert load_table() is None
+        return
     assert shipped == live, "the flags changed: python -m ts_trl.cli.flag_table writes the table again"
 
 
