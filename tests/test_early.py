@@ -79,6 +79,13 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
             ["not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"],
         ),
         "quantized tiny model": (["--load_in_4bit", *fresh], ["the embedded default's tiny model is not quantized"]),
+        "seeding settings out of range": (
+            ["--seed_fraction", "2", "--cut_ratio_min", "0.8", "--cut_ratio_max", "0.2", *fresh],
+            [
+                "seed_fraction must lie in [0, 1], got 2.0.",
+                "cut_ratio_min (0.8) must not exceed cut_ratio_max (0.2).",
+            ],
+        ),
         "missing settings": (
             ["--dataset_path", str(tmp / "none.jsonl"), *fresh],
             ["--model_name_or_path is required", "--reward_funcs is required", "none.jsonl: no such file"],
@@ -133,10 +140,12 @@ def test_the_checkpoint_found_is_transformers_one(tmp_path):
 
 
 def test_good_input_reaches_the_full_parser(tmp_path):
-    """A command line with nothing wrong is not refused early: the run goes on to import TRL (stopped here at a
-    dataclass check the table does not make)."""
-    status, lines, imported = _run("ts_trl train", ["--cut_ratio_min", "0", "--output_dir", str(tmp_path)], tmp_path)
-    assert status == 2 and lines[-1].startswith("ts_trl train: error: cut_ratio_min must lie strictly"), lines
+    """A command line with nothing wrong that the table can see is not refused early: the run goes on to import TRL
+    (stopped here by a rule whose other setting is a default, which only the full parser knows)."""
+    status, lines, imported = _run(
+        "ts_trl train", ["--cut_ratio_min", "0.95", "--output_dir", str(tmp_path)], tmp_path
+    )
+    assert status == 2 and lines[-1].startswith("ts_trl train: error: cut_ratio_min (0.95) must not exceed"), lines
     assert set(HEAVY) <= imported
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from ..method.settings import RULE_FIELDS, seeding_problems
 from ..resources import packaged_file, packaged_folder
 from ..smollm2 import SMOLLM2_NAME
 from .flag_table import is_true, load_table, parse_flags, recipe_problems
@@ -107,11 +108,34 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
         reward_funcs=settings.get("reward_funcs"),
         dataset_path=_first(settings.get("dataset_path")),
     )
+    seeding = seeding_problems(_rule_values(table, settings))
     model = _first(settings.get("model_name_or_path"))
     quantized = quantized_without_model(any(is_true(settings.get(k)) for k in ("load_in_4bit", "load_in_8bit")), model)
     # The real model's name is a folder converted on first use (`smollm2.model_path`): the full parser checks it.
     source = model_source_problem(str(model)) if model and str(model).lower() != SMOLLM2_NAME else None
-    return settings, problems + [problem for problem in (other, missing, quantized, source) if problem]
+    return settings, problems + seeding + [problem for problem in (other, missing, quantized, source) if problem]
+
+
+def _rule_values(table: dict, settings: dict) -> dict:
+    """The given values of the settings `seeding_problems` reads, as `SeedGRPOConfig` would hold them. A value the
+    table already refuses (it does not parse, or is not one of its flag's choices) is left out: said once."""
+    choices = {flag["dest"]: flag["choices"] for flag in table["flags"] if flag.get("choices")}
+    values = {}
+    for name, kind in RULE_FIELDS.items():
+        if name not in settings:
+            continue
+        value = _first(settings[name])
+        if value is None or str(value).lower() in ("none", "null"):
+            if name in ("seed_filter", "seed_snapshot_steps"):  # the fields that may be unset
+                values[name] = None
+            continue
+        if name in choices and str(value) not in choices[name]:
+            continue
+        try:
+            values[name] = kind(value) if kind is not int or not isinstance(value, float) else int(value)
+        except (TypeError, ValueError):
+            continue
+    return values
 
 
 # ---------------------------------------------------------------------------------------------------------------------

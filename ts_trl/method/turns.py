@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cutting import Cut
-
-AGENT_CUT_POINTS = ("any", "turns")  # any admissible point, or turn boundaries only
+from .settings import AGENT_CUT_POINTS
 
 
 def runs(tool_mask: Sequence[int]) -> list[tuple[int, int, bool]]:

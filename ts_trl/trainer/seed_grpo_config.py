@@ -8,17 +8,21 @@ import torch
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
-from ..method.turns import AGENT_CUT_POINTS
+from ..method.settings import (  # noqa: F401 (the allowed values, re-exported where the fields are)
+    AGENT_CUT_POINTS,
+    CUT_SELECTIONS,
+    PREFIX_MODES,
+    RULE_FIELDS,
+    SEED_FILTERS,
+    SEED_METHODS,
+    SEED_SELECTIONS,
+    SEED_TRIGGERS,
+    seeding_problems,
+)
 from .notices import trl_notices_hidden
 
-# The choices of the seeding fields; the layers below receive values validated here. `agent_cut_points`' choices are
-# `method.turns`' own (`AGENT_CUT_POINTS`), as the layer that cuts at them.
-SEED_METHODS = ("none", "seeds", "replay")
-SEED_FILTERS = ("success",)
-PREFIX_MODES = ("state", "action")
-SEED_SELECTIONS = ("uniform", "oldest", "success", "failure", "passrate")
-CUT_SELECTIONS = ("ratio", "target")
-SEED_TRIGGERS = ("fraction", "zero_std")
+# The seeding fields' choices and the rules between them are `method.settings`' (which `ts_trl train` also applies
+# before TRL is imported); the layers below receive values validated here.
 
 
 def _choice(default: str, choices: tuple[str, ...], help: str):
@@ -238,65 +242,11 @@ class SeedGRPOConfig(GRPOConfig):
             self.hub_seed_dataset_id = f"{self.hub_model_id}-seeds"
 
     def _validate_seeding(self) -> None:
-        """Checks the fields this class adds, using only values the user set (nothing TRL derives later)."""
-        if self.seed_method not in SEED_METHODS:
-            raise ValueError(f"seed_method must be one of {SEED_METHODS}, got {self.seed_method!r}.")
-        if self.agent_cut_points not in AGENT_CUT_POINTS:
-            raise ValueError(f"agent_cut_points must be one of {AGENT_CUT_POINTS}, got {self.agent_cut_points!r}.")
-        if self.prefix_mode not in PREFIX_MODES:
-            raise ValueError(f"prefix_mode must be one of {PREFIX_MODES}, got {self.prefix_mode!r}.")
-        if self.seed_filter is not None and self.seed_filter not in SEED_FILTERS:
-            raise ValueError(f"seed_filter must be None or one of {SEED_FILTERS}, got {self.seed_filter!r}.")
-        if self.seed_selection not in SEED_SELECTIONS:
-            raise ValueError(f"seed_selection must be one of {SEED_SELECTIONS}, got {self.seed_selection!r}.")
-        if not 0.0 <= self.seed_fraction <= 1.0:
-            raise ValueError(f"seed_fraction must lie in [0, 1], got {self.seed_fraction}.")
-        for name in ("cut_ratio_min", "cut_ratio_max"):
-            value = getattr(self, name)
-            if not 0.0 < value < 1.0:
-                raise ValueError(f"{name} must lie strictly between 0 and 1, got {value}.")
-        if self.cut_ratio_min > self.cut_ratio_max:
-            raise ValueError(
-                f"cut_ratio_min ({self.cut_ratio_min}) must not exceed cut_ratio_max ({self.cut_ratio_max})."
-            )
-        self._validate_extensions()
-        if self.prefix_is_clip <= 0:
-            raise ValueError(f"prefix_is_clip must be positive, got {self.prefix_is_clip}.")
-        if self.seed_min_age < 0:
-            raise ValueError(f"seed_min_age must be >= 0, got {self.seed_min_age}.")
-        if self.seed_snapshot_steps is not None and self.seed_snapshot_steps < 1:
-            raise ValueError(f"seed_snapshot_steps must be >= 1 (or unset), got {self.seed_snapshot_steps}.")
-        if self.seed_method == "replay" and not 1 <= self.replay_per_group < self.num_generations:
-            raise ValueError(
-                f"replay_per_group must lie in [1, num_generations) = [1, {self.num_generations}), "
-                f"got {self.replay_per_group}."
-            )
-
-    def _validate_extensions(self) -> None:
-        """`cut_selection` and `seed_trigger` (research/target-cuts.md): bad values and combinations, one line each."""
-        if self.cut_selection not in CUT_SELECTIONS:
-            raise ValueError(f"cut_selection must be one of {CUT_SELECTIONS}, got {self.cut_selection!r}.")
-        if self.seed_trigger not in SEED_TRIGGERS:
-            raise ValueError(f"seed_trigger must be one of {SEED_TRIGGERS}, got {self.seed_trigger!r}.")
-        if not 0.0 < self.target_pass_rate < 1.0:
-            raise ValueError(
-                f"target_pass_rate must lie strictly between 0 and 1 (e.g. 0.5), got {self.target_pass_rate}."
-            )
-        if self.cut_selection == "target" and self.seed_method != "seeds":
-            raise ValueError(
-                f"cut_selection='target' chooses where seeds are cut, and seed_method={self.seed_method!r} cuts none: "
-                "set seed_method='seeds' or cut_selection='ratio'."
-            )
-        if self.cut_selection == "target" and self.cut_ratio_min == self.cut_ratio_max:
-            raise ValueError(
-                "cut_selection='target' has a single ratio to choose from: set cut_ratio_min < cut_ratio_max, or "
-                "cut_selection='ratio'."
-            )
-        if self.seed_trigger == "zero_std" and self.seed_method == "none":
-            raise ValueError(
-                "seed_trigger='zero_std' chooses which groups to seed, and seed_method='none' seeds none: set "
-                "seed_method='seeds' (or 'replay'), or seed_trigger='fraction'."
-            )
+        """Checks the fields this class adds, using only values the user set (nothing TRL derives later), by the rules
+        `ts_trl train` also applies before TRL is imported (`method.settings.seeding_problems`): the first one broken."""
+        problems = seeding_problems({name: getattr(self, name) for name in RULE_FIELDS})
+        if problems:
+            raise ValueError(problems[0])
 
 
 def default_config(model) -> SeedGRPOConfig:
