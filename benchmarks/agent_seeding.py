@@ -137,19 +137,19 @@ class Recorder:
         model = trainer.model
         self._model_generate = model.generate
         model.generate = self._generate_call
-        self._plan_s = 0.0
+        self._plan_s, self._plans = 0.0, 0
         for name in ("_plan_groups", "_generate", "_restore_states", "_record_rollouts"):
             setattr(trainer, name, getattr(self, f"_wrap{name}")(name))
 
     def _wrap_plan_groups(self, name):
         original = getattr(self.trainer, name)
 
-        def wrapped(inputs):  # drawing each group's seed and cut, before generation
+        def wrapped(*args):  # drawing each group's seed and cut, before generation
             start = time.perf_counter()
             try:
-                return original(inputs)
+                return original(*args)
             finally:
-                self._plan_s = time.perf_counter() - start
+                self._plan_s, self._plans = time.perf_counter() - start, self._plans + 1
 
         return wrapped
 
@@ -160,16 +160,19 @@ class Recorder:
             for key in TIMED:
                 TIMED[key] = 0.0
             batch = self._batch = {"calls": [], "restore_s": 0.0, "tool_log_start": len(TOOL_LOG), "tagged": []}
-            batch["dropped"], batch["plan_s"] = [], self._plan_s
+            batch["dropped"] = []
             batch["tool_names"] = []
             for row, tools in enumerate(getattr(self.trainer, "_sync_tool_dicts", None) or []):
                 batch["tagged"].append([])
                 batch["tool_names"].append(set(tools))
                 for tool_name, function in list(tools.items()):
                     tools[tool_name] = self._tagged(function, tool_name, batch["tagged"][row])
-            start = time.perf_counter()
+            start, plans = time.perf_counter(), self._plans
             result = original(prompts)
             batch["rollout_s"] = time.perf_counter() - start
+            if self._plans != plans:  # an environment run plans in `_generate`, once TRL's reset made the prompts
+                batch["rollout_s"] -= self._plan_s
+            batch["plan_s"] = self._plan_s
             batch["prompt_ids"] = [list(map(int, ids)) for ids in result[0]]
             batch["timed"] = dict(TIMED)
             return result
