@@ -132,7 +132,7 @@ def _rule_values(table: dict, settings: dict) -> dict:
         if name in choices and str(value) not in choices[name]:
             continue
         try:
-            values[name] = kind(value) if kind is not int or not isinstance(value, float) else int(value)
+            values[name] = kind(value)
         except (TypeError, ValueError):
             continue
     return values

@@ -222,7 +222,9 @@ class SeedGRPOTrainer(GRPOTrainer):
         keys = row_keys(inputs, prompts)
         local = list(zip(keys, self._prompt_lengths(inputs, [key for _, key in keys])))
         rows = gather_object(local) if self.accelerator.num_processes > 1 else local
-        keys, lengths = self.reset_prompts.planned([key for key, _ in rows]), [n for _, n in rows]
+        pairs, lengths = [key for key, _ in rows], [n for _, n in rows]  # (row's own key, seed key) per global row
+        # An environment run: a group whose rows reset() gave different prompts trains plain (`ResetPrompts`).
+        keys = self.reset_prompts.planned(pairs) if prompts is not None else [seed for _, seed in pairs]
         first = self.accelerator.process_index * len(inputs)
         return self.planner.plan(self.seed_bank, keys, self.state.global_step, first, len(inputs), lengths)
 
