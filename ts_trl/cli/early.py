@@ -30,6 +30,7 @@ from .refusals import (
     missing_settings,
     model_source_problem,
     quantized_without_model,
+    say_refusal,
     settings_of_other_data,
 )
 
@@ -156,7 +157,7 @@ def _output_dir(table: dict, settings: dict) -> str | None:
 
 
 def _refuse(prog: str, problem: str):
-    print(f"{prog}: error: {' '.join(problem.split())}", file=sys.stderr, flush=True)
+    say_refusal(prog, problem)
     raise SystemExit(2)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ..store.resume import check_resume_checkpoint
 from ..trainer.collectives import is_deepspeed
-from .refusals import ConfigError, earlier_run_problem, model_source_problem
+from .refusals import ConfigError, earlier_run_problem, model_source_problem, say_refusal
 
 
 def cpu_only() -> bool:
@@ -90,8 +90,7 @@ def fail_clearly(prog: str | None = None):
     try:
         yield
     except (ValueError, FileNotFoundError, ImportError, OSError) as error:
-        message = " ".join(str(error).split())
-        print(f"{prog or program_name()}: error: {message}", file=sys.stderr, flush=True)
+        say_refusal(prog or program_name(), str(error))
         raise SystemExit(2) from None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 # The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
@@ -19,6 +20,13 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 class ConfigError(ValueError):
     """Bad input found before training: printed as one line, exit status 2."""
+
+
+def say_refusal(prog: str, problem: str) -> None:
+    """Prints a refusal as its one `prog: error: ...` line on stderr. With several processes on a machine only its
+    first says it: every rank finds the same problem (the same arguments and files, or the first rank's line)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"{prog}: error: {' '.join(problem.split())}", file=sys.stderr, flush=True)
 
 
 def missing_settings(*, with_dataset: bool, model: str | None, reward_funcs, dataset_path: str | None) -> str | None:
