@@ -146,6 +146,27 @@ def test_an_environment_replays_agent_traces_and_drops_a_trace_it_answers_otherw
     assert replayed
 
 
+class Briefed(af.Counter):
+    """An environment whose reset adds to the row's prompt (TRL appends what reset returns to the last message)."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        return " Start from 0."
+
+
+def test_a_seed_dataset_whose_rows_reset_extends_never_seeds_them_and_says_so_once(tmp_path, caplog):
+    """The traces are matched to the dataset's prompts; reset() made longer ones, by which the rows are keyed: the run
+    trains, none of the traces seeds, and the log says why once."""
+    dataset = write_jsonl(tmp_path / "traces.jsonl", [trace(0), trace(1)])
+    trainer, _ = traces_trainer(tmp_path / "run", dataset, Briefed, seed_min_age=100)
+    with caplog.at_level(logging.WARNING):
+        batches = recorded_run(trainer)
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    assert not list(external_rows(batches)) and max(logged(trainer, "seeds/external_share"), default=0) == 0
+    told = [r.getMessage() for r in caplog.records if "reset(**row) added to the prompt" in r.getMessage()]
+    assert len(told) == 1 and "never seed them" in told[0], told
+
+
 def test_a_runs_own_seed_dataset_seeds_a_new_tools_run_through_its_messages(traces_run, tmp_path):
     shards = sorted((traces_run["dir"] / "seeds").glob("step-*.parquet"))
     table = pa.concat_tables([pq.read_table(s) for s in shards])

@@ -210,13 +210,15 @@ class ResetPrompts:
     A row whose reset returned nothing keeps its own key (`prompt_key`), so that a `seed_dataset` matched to the
     training prompts still finds it. A prompt `reset` never makes again never seeds, and a group whose rows were
     given different prompts (each rollout has its own environment, reset on its own) is planned plain: both are said
-    once in the log, the first time a row's reset makes another prompt than before.
+    once in the log, the first time a row's reset makes another prompt than before. A `seed_dataset`'s seeds are
+    matched to the rows' own prompts, so they never seed a row whose reset added to its prompt: said once too.
     """
 
-    def __init__(self, num_generations: int, main_process: bool):
+    def __init__(self, num_generations: int, main_process: bool, seed_dataset: str | None = None):
         self.num_generations, self.main_process = num_generations, main_process
+        self.seed_dataset = seed_dataset  # its seeds are matched to the rows' own prompts, before any reset
         self.made: dict[str, str] = {}  # row key -> key of the prompt its last reset made
-        self.told = False
+        self.told = self.told_extended = False
 
     def planned(self, keys: Sequence[tuple[str, str]]) -> list[str]:
         """The planner's key of every global row (`row_keys` of every rank's rows, in order): its seed key, or
@@ -232,6 +234,15 @@ class ResetPrompts:
         for g in range(0, len(made), G):
             if len(set(made[g : g + G])) > 1:
                 planned[g : g + G] = [UNMATCHED_GROUP] * G
+        if self.seed_dataset is not None and not self.told_extended and any(own != key for own, key in keys):
+            self.told_extended = True
+            if self.main_process:
+                logger.warning(
+                    f"reset(**row) added to the prompt of a row, and the seeds of seed_dataset={self.seed_dataset!r} "
+                    "are matched to the rows' prompts as the dataset gives them: those rows are keyed by the prompt "
+                    "reset() made, so that data's seeds never seed them (the run's own rollouts still do). For "
+                    "seed_dataset to seed them, have reset() return None and keep the whole task in the prompt."
+                )
         if changed and not self.told:
             self.told = True
             if self.main_process:

@@ -135,7 +135,8 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             pause_backend_threads_at_exit()  # the final snapshot's gather and barrier must not abort the exit
         self._prompt_length_of = PromptLengths(lambda prompts: self._tokenize_prompts(prompts)[0])
-        self.reset_prompts = ResetPrompts(self.num_generations, self.accelerator.is_main_process)
+        seed_dataset = args.seed_dataset if args.seed_method != "none" else None
+        self.reset_prompts = ResetPrompts(self.num_generations, self.accelerator.is_main_process, seed_dataset)
         if args.seed_method != "none":
             self.add_callback(SeedSnapshotCallback(self.seed_store))
             self.add_callback(SeedingWatch(schedule))
