@@ -193,3 +193,29 @@ def test_attaching_a_snapshot_moves_the_payload_onto_the_mapped_file(tmp_path):
     assert len(bank._tokens.chunks) == 1  # the bank's own copy of those rows was released
     _add(bank, "after", "p", [1, 2], [0.0, 0.0], 0.0, 5)  # appending keeps working after the release
     assert seed_by_id(bank, "after").completion_ids.tolist() == [1, 2] and seed_by_id(bank, "n0").step == 4
+
+
+def test_a_table_of_null_log_probs_gives_nan_log_probs_without_a_buffer_of_them():
+    """Text seeds carry no log-probs (a null `logprobs` column): every token reads NaN, and the bank holds no array of
+    their length, so their memory is that of their token ids alone."""
+    ids = [[3, 4, 5], [6, 7]]
+    table = pa.table(
+        {
+            "rollout_id": ["t0", "t1"],
+            "prompt_id": ["p", "q"],
+            "completion_ids": pa.array(ids, pa.list_(pa.int32())),
+            "logprobs": pa.nulls(2, pa.list_(pa.float32())),
+            "reward": pa.array([1.0, 0.0], pa.float32()),
+            "step": pa.array([0, 0], pa.int32()),
+        }
+    )
+    bank = SeedBank()
+    bank.add_table(table, external=True)
+    for rollout_id, want in zip(["t0", "t1"], ids):
+        seed = seed_by_id(bank, rollout_id)
+        assert seed.completion_ids.tolist() == want
+        assert len(seed.logprobs) == len(want) and np.isnan(seed.logprobs).all()
+    assert bank._tokens.nbytes == table.column("completion_ids").chunk(0).values.nbytes  # token ids only
+    misaligned = table.set_column(3, "logprobs", pa.array([[0.0], [0.0, 0.0]], pa.list_(pa.float32())))
+    with pytest.raises(ValueError, match="do not align"):
+        SeedBank().add_table(misaligned)

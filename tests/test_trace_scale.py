@@ -3,6 +3,7 @@
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tests.conftest import build_word_tokenizer
@@ -126,3 +127,48 @@ def test_a_parquet_file_of_traces_is_read_a_batch_at_a_time_and_gives_the_seeds_
     assert seeds.provenance["kept"] == expected.provenance["kept"] == size - 20
     assert seeds.text_cuts.keys() == expected.text_cuts.keys()
     assert all(np.array_equal(seeds.text_cuts[k], expected.text_cuts[k]) for k in seeds.text_cuts)
+
+
+def test_text_seeds_hold_their_ids_and_cuts_once_and_no_log_probs(tmp_path, monkeypatch):
+    """What grew by kilobytes a trace at 10^6: text seeds store no log-probs (a null column, which the bank reads as
+    NaN), keep each batch's buffers as a chunk of the table (never concatenated into a second copy), and their cut
+    positions are looked up in the table's own column, not copied into a dict of arrays."""
+    import pickle
+
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+
+    from benchmarks.trace_scale import _operands, _prompt, write_traces
+    from ts_trl import SeedBank
+    from ts_trl.store.external_seeds import CUT_POSITIONS, ExternalSeedSettings, read_external_seeds, read_traces
+    from ts_trl.store.schema import tokenizer_fingerprint
+
+    size = 1200  # three batches of 512 rows, the last one short
+    path = tmp_path / "traces.parquet"
+    num_prompts = write_traces(size, path)
+    a, b, c = _operands(num_prompts)
+    train = Dataset.from_dict({"prompt": [_prompt(p, a, b, c) for p in range(num_prompts)]})
+    tokenizer = build_tokenizer()
+    settings = ExternalSeedSettings(seed_dataset=str(path), max_completion_length=256, output_dir=str(tmp_path / "o"))
+    monkeypatch.setattr(external_seeds, "STREAM_ROWS", 512)
+    seeds = read_external_seeds(settings, tokenizer, tokenizer_fingerprint(tokenizer), train)
+    table = seeds.table
+    assert table.num_rows == size and table.column("logprobs").null_count == size
+    assert table.column("completion_ids").num_chunks == 3  # the batches' own buffers
+    assert table.column("completion_ids").type == table.column(CUT_POSITIONS).type == pa.list_(pa.int32())
+
+    traces, _ = read_traces(pq.read_table(path), None, None, "s")
+    expected = {f"trace-{i}": retokenise(tokenizer, trace.text)[1] for i, trace in enumerate(traces)}
+    assert len(seeds.text_cuts) == size and list(seeds.text_cuts) == list(expected)
+    assert all(seeds.text_cuts[k].tolist() == v.tolist() for k, v in expected.items())
+    assert seeds.text_cuts.get("trace-x") is None and "trace-x" not in seeds.text_cuts
+    last = table.column(CUT_POSITIONS).chunk(2).values.to_numpy()
+    assert np.shares_memory(seeds.text_cuts[f"trace-{size - 1}"], last)  # a view of the table's column
+    again = pickle.loads(pickle.dumps(seeds.text_cuts))  # as ranks receive it: rebuilt, Python's `hash` is salted
+    assert again[f"trace-{size - 1}"].tolist() == expected[f"trace-{size - 1}"].tolist()
+
+    bank = SeedBank()
+    bank.add_table(table, external=True)
+    seed = bank.get(size - 1)
+    assert len(seed.logprobs) == len(seed.completion_ids) and np.isnan(seed.logprobs).all()
+    assert bank._tokens.nbytes == sum(chunk.values.nbytes for chunk in table.column("completion_ids").chunks)

@@ -96,7 +96,8 @@ class _Payload:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for arrays in self.chunks for a in arrays)
+        """Bytes of the chunks; a zero-stride chunk (text seeds' NaN log-probs) holds no buffer of its length."""
+        return sum(a.nbytes for arrays in self.chunks for a in arrays if a.strides != (0,))
 
 
 class _Column:
@@ -166,6 +167,19 @@ def _utf8(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
     return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+def _flat_logprobs(column: pa.ListArray, offsets: np.ndarray, num_tokens: int) -> np.ndarray:
+    """The log-probs of a batch of table rows, aligned with its token ids (`offsets` into `num_tokens` of them).
+
+    A column of nulls (text seeds, which no policy of this run sampled) reads as NaN for every token: one NaN seen
+    through a zero-stride view, not a buffer of them (a trace's NaNs cost as much memory as its token ids).
+    """
+    if column.null_count == len(column):
+        return np.broadcast_to(np.float32(np.nan), (num_tokens,))
+    if not np.array_equal(offsets, column.offsets.to_numpy()):
+        raise ValueError("The seed dataset's `logprobs` do not align with its `completion_ids` (different lengths).")
+    return column.values.to_numpy(zero_copy_only=False)
 
 
 def _string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +275,8 @@ class SeedBank:
         """Stores every row of a seed-dataset table, column by column; token ids and log-probs are not copied.
 
         The bank keeps views of the table's buffers: a table read from memory-mapped Arrow IPC files keeps its token
-        ids in the page cache, shared by every process that maps the same files.
+        ids in the page cache, shared by every process that maps the same files. A `logprobs` column of nulls (text
+        seeds: no behaviour policy) gives NaN log-probs (`_flat_logprobs`).
         """
         if table is None or table.num_rows == 0:
             return
@@ -269,19 +284,15 @@ class SeedBank:
         for batch in table.select(list(BANK_COLUMNS)).to_batches():
             if batch.num_rows == 0:
                 continue
-            ids_column, logps_column = batch.column("completion_ids"), batch.column("logprobs")
-            offsets = ids_column.offsets.to_numpy()
-            if not np.array_equal(offsets, logps_column.offsets.to_numpy()):
-                raise ValueError(
-                    "The seed dataset's `logprobs` do not align with its `completion_ids` (different lengths)."
-                )
+            ids_column = batch.column("completion_ids")
+            offsets, flat_ids = ids_column.offsets.to_numpy(), ids_column.values.to_numpy(zero_copy_only=False)
             prompts = batch.column("prompt_id").cast(pa.string()).dictionary_encode()
             self._extend(
                 *_string_buffers(batch.column("rollout_id")),
                 prompts.dictionary.to_pylist(),
                 prompts.indices.to_numpy(zero_copy_only=False),
-                ids_column.values.to_numpy(zero_copy_only=False),
-                logps_column.values.to_numpy(zero_copy_only=False),
+                flat_ids,
+                _flat_logprobs(batch.column("logprobs"), offsets, len(flat_ids)),
                 offsets,
                 batch.column("reward").to_numpy(zero_copy_only=False),
                 batch.column("step").to_numpy(zero_copy_only=False),

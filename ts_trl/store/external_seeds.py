@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import unicodedata
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundEr
 from tqdm.auto import tqdm
 
 from .agent_traces import TurnTemplate, agent_trajectory, trajectory_text, turn_text_cuts
+from .bank import _string_buffers
 from .files import atomic_write_json, file_sha256, is_hub_id
 from .format import (
     SEEDS_DIR,
@@ -77,7 +79,7 @@ class ExternalSeeds:
 
     table: pa.Table
     provenance: dict
-    text_cuts: dict[str, np.ndarray] = field(default_factory=dict)  # rollout id -> allowed cuts (text seeds only)
+    text_cuts: Mapping[str, np.ndarray] = field(default_factory=dict)  # rollout id -> allowed cuts (`TextCuts`)
 
 
 @dataclass
@@ -889,7 +891,6 @@ class _Tally:
     over_characters: list[int] = field(default_factory=list)  # non-blank characters of traces that cannot fit
     over_budget: list[int] = field(default_factory=list)  # tokens of traces over max_completion_length
     character_limit: int = 0  # `_character_limit` of this tokenizer and budget
-    twice: str | None = None  # the first rollout_id that names two traces
 
 
 def stream_text_seeds(
@@ -897,9 +898,10 @@ def stream_text_seeds(
 ) -> ExternalSeeds:
     """The bank rows of re-tokenised traces that match a training prompt, fit the budget and (with the filter) passed.
 
-    `batches`: the traces, a list at a time (`trace_batches`); of a batch only its seeds' Arrow columns are kept, so
-    no more than a batch of texts is ever held. The refusals wait for the last batch and count every trace, as if all
-    had been read at once; a trace that cannot fit by its length alone is never tokenised or scored.
+    `batches`: the traces, a list at a time (`trace_batches`); of a batch only its seeds' Arrow columns are kept (as
+    the result's chunks, never concatenated), so no more than a batch of texts is ever held. The refusals wait for the
+    last batch and count every trace, as if all had been read at once; a trace that cannot fit by its length alone is
+    never tokenised or scored.
     `success`: (the run's reward functions, their names, the success reward's name), for `seed_filter="success"`.
     `template`: a multi-turn run's `TurnTemplate`; each trace's turns are then rendered (`render_trajectory`).
 
@@ -908,11 +910,7 @@ def stream_text_seeds(
     index, prompt_ids = PromptIndex(train_dataset, source), _prompt_ids(train_dataset)
     limit = _character_limit(tokenizer, settings.max_completion_length)
     codec = TextCodec.of(tokenizer) if template is None else None
-    tally, seen, tables = (
-        _Tally(character_limit=limit),
-        set(),
-        [],
-    )  # `seen`: not `ids[:n]`, a scan per trace took minutes at 10^5
+    tally, tables = _Tally(character_limit=limit), []
     for traces in batches:
         first, tally.rows = tally.rows, tally.rows + len(traces)
         if first == 0 and traces:
@@ -932,8 +930,6 @@ def stream_text_seeds(
             kept = [i for i in kept if rewards[i] > settings.success_threshold]
         tally.successful += len(kept)
         ids = [traces[i].rollout_id or f"trace-{first + i}" for i in kept]
-        if tally.twice is None:
-            tally.twice = next((rollout_id for rollout_id in ids if rollout_id in seen or seen.add(rollout_id)), None)
         turns = None
         if template is not None:
             rendered = {i: render_trajectory(template, traces[i].turns, settings.cut_at_newline, source) for i in kept}
@@ -970,9 +966,11 @@ def _refusals_or_table(tally: _Tally, tables: list[pa.Table], settings, success,
                 f"{settings.success_threshold} with the reward function {success[2]!r}; seed_filter='success' keeps "
                 "none. Check the traces' answers, or leave seed_filter unset."
             )
-    if tally.twice is not None:
+    table = pa.concat_tables(tables)  # the batches' own buffers, as chunks: no copy of every seed
+    twice = _first_repeated(table.column("rollout_id"))
+    if twice is not None:
         raise ValueError(
-            f"{source}: rollout_id {tally.twice!r} names two traces (several files numbering their rows alike?); a "
+            f"{source}: rollout_id {twice!r} names two traces (several files numbering their rows alike?); a "
             "seed's id must be unique. Make the ids unique across files (e.g. prefix each with its file's name), or "
             "drop the rollout_id column."
         )
@@ -983,9 +981,17 @@ def _refusals_or_table(tally: _Tally, tables: list[pa.Table], settings, success,
             f"longest: {max(tally.over_budget)}). Raise max_completion_length, or drop the long traces from the "
             "dataset."
         )
-    table = pa.concat_tables(tables).combine_chunks()
     provenance["kept"] = table.num_rows
-    return table, provenance, _cuts_of(table)
+    return table, provenance, TextCuts(table)
+
+
+def _first_repeated(rollout_ids: pa.ChunkedArray) -> str | None:
+    """The first rollout id that an earlier row has too, or None: Arrow's hash of the ids, not a set of their strings
+    (100 bytes a seed), and the ids in Python only when one repeats."""
+    if len(pc.unique(rollout_ids)) == len(rollout_ids):
+        return None
+    seen = set()
+    return next(rollout_id for rollout_id in rollout_ids.to_pylist() if rollout_id in seen or seen.add(rollout_id))
 
 
 def _character_limit(tokenizer, budget: int) -> int:
@@ -1020,12 +1026,12 @@ def render_trajectory(template: TurnTemplate, turns: list[dict], newline_only: b
 
 
 def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards, turns=None) -> pa.Table:
-    """Text seeds as bank rows: this tokenizer's ids, NaN log-probs (no behaviour policy), and where each may be cut.
+    """Text seeds as bank rows: this tokenizer's ids, null log-probs (no behaviour policy sampled them; the bank reads
+    NaN), and where each may be cut; each list column is one int32 buffer and its offsets.
 
     `turns` (multi-turn text seeds): per row, its tool mask and the JSON of its messages in TRL's form, which the bank
     reads from the `tool_mask` and `completion` columns as it reads a multi-turn shard's.
     """
-    ids = [pair[0] for pair in tokenised]
     extra = {}
     if turns is not None:
         extra = {
@@ -1036,31 +1042,67 @@ def seed_rows_table(rollout_ids, prompt_ids, tokenised, rewards, turns=None) -> 
         {
             "rollout_id": pa.array(rollout_ids, pa.string()),
             "prompt_id": pa.array(prompt_ids, pa.string()),
-            "completion_ids": pa.array(ids, pa.list_(pa.int32())),
-            "logprobs": _nan_lists([len(x) for x in ids]),
+            "completion_ids": _int32_lists([pair[0] for pair in tokenised]),
+            "logprobs": pa.nulls(len(tokenised), pa.list_(pa.float32())),
             "reward": pa.array(rewards, pa.float32()),
-            "step": pa.array([0] * len(ids), pa.int32()),
-            CUT_POSITIONS: pa.array([pair[1] for pair in tokenised], pa.list_(pa.int32())),
+            "step": pa.array(np.zeros(len(tokenised), np.int32)),
+            CUT_POSITIONS: _int32_lists([pair[1] for pair in tokenised]),
             **extra,
         }
     )
 
 
-def _nan_lists(lengths: list[int]) -> pa.Array:
-    """One list of NaN log-probs per seed, of its length, built without a Python float per token."""
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = pa.array(np.full(int(offsets[-1]), np.nan, np.float32))
-    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(pa.float32()))
+def _int32_lists(rows: list) -> pa.ListArray:
+    """Rows of integers (arrays or lists) as list<int32> of one values buffer, sized exactly, without a Python int
+    per value."""
+    offsets = np.zeros(len(rows) + 1, np.int32)
+    np.cumsum([len(row) for row in rows], out=offsets[1:])
+    values = np.concatenate(rows).astype(np.int32, copy=False) if rows else np.zeros(0, np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=pa.list_(pa.int32()))
 
 
-def _cuts_of(table: pa.Table) -> dict[str, np.ndarray]:
-    """Rollout id -> its cut positions: views of one int32 array (a Python int per position took GBs at 10^6 seeds)."""
-    column = table.column(CUT_POSITIONS).combine_chunks()
-    values = np.array(column.flatten().to_numpy(zero_copy_only=False), np.int32)
-    offsets = np.asarray(column.offsets.to_numpy()) - column.offsets[0].as_py()
-    ids = table.column("rollout_id").to_pylist()
-    return {rid: values[offsets[i] : offsets[i + 1]] for i, rid in enumerate(ids)}
+class TextCuts(Mapping):
+    """Rollout id -> the positions its text seed may be cut at (int32), read from the seeds' table in place.
+
+    No Python object per seed (a dict of 10^6 ids and arrays took 250 MB): an id is found by its `hash` among the ids'
+    hashes, sorted (8 bytes a seed; equal hashes are told apart by the text), and its cuts are a view of the column.
+    Python salts `hash` per process, so a pickled `TextCuts` is rebuilt from its table where it is unpickled.
+    """
+
+    def __init__(self, table: pa.Table):
+        self._table = table.select(["rollout_id", CUT_POSITIONS])
+        batches = [batch for batch in self._table.to_batches() if batch.num_rows]
+        self._ids = [_string_buffers(batch.column(0)) for batch in batches]  # bytes and offsets
+        cuts = [batch.column(1) for batch in batches]
+        self._cuts = [(c.values.to_numpy(zero_copy_only=False), c.offsets.to_numpy()) for c in cuts]  # views
+        self._firsts = np.cumsum([0] + [batch.num_rows for batch in batches])  # each batch's first row
+        hashes = np.fromiter((hash(i) for b in batches for i in b.column(0).to_pylist()), np.int64, len(self))
+        self._order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[self._order]
+
+    def __reduce__(self):
+        return TextCuts, (self._table,)
+
+    def __getitem__(self, rollout_id: str) -> np.ndarray:
+        hashed, text = hash(rollout_id), rollout_id.encode()
+        position = int(self._hashes.searchsorted(hashed))
+        while position < len(self._hashes) and self._hashes[position] == hashed:
+            row = int(self._order[position])
+            batch = int(self._firsts.searchsorted(row, side="right")) - 1
+            i = row - int(self._firsts[batch])
+            data, offsets = self._ids[batch]
+            if data[offsets[i] : offsets[i + 1]].tobytes() == text:
+                values, offsets = self._cuts[batch]
+                return values[offsets[i] : offsets[i + 1]]
+            position += 1
+        raise KeyError(rollout_id)
+
+    def __iter__(self) -> Iterator[str]:
+        for batch in self._table.to_batches():
+            yield from batch.column(0).to_pylist()
+
+    def __len__(self) -> int:
+        return int(self._firsts[-1])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1118,7 +1160,7 @@ def _read_cache(folder: Path, key: str, source: str) -> ExternalSeeds | None:
     except (OSError, ValueError, AttributeError, pa.ArrowInvalid) as error:
         logger.warning(f"{folder}: the cached text seeds cannot be read ({error}); reading {source} again.")
         return None
-    return ExternalSeeds(table, provenance, _cuts_of(table))
+    return ExternalSeeds(table, provenance, TextCuts(table))
 
 
 def _write_cache(folder: Path, seeds: ExternalSeeds) -> None:

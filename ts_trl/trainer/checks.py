@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -140,7 +141,7 @@ def check_success_reward(success_reward: str | None, reward_names: list[str]) ->
     return reward_names.index(success_reward or reward_names[0])
 
 
-def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, source: str, turn_cuts=None) -> None:
+def check_seeds_cuttable(table, text_cuts: Mapping, eos_token_ids, budget: int, source: str, turn_cuts=None) -> None:
     """Refuses a `seed_dataset` none of whose seeds can ever be cut (empty, one token, an EOS first, or a text seed
     without a boundary within the budget): it would seed nothing, and the run would be plain GRPO without a word.
 
@@ -149,12 +150,9 @@ def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, sou
     """
     if table is None or table.num_rows == 0:
         return
-    ids_column, rollout_ids = table.column("completion_ids").to_pylist(), table.column("rollout_id").to_pylist()
+    rows = _seed_rows(table, with_masks=turn_cuts is not None)  # a batch in Python at a time: 10^6 seeds' ids took GBs
     if turn_cuts is not None:
-        masks = (
-            table.column("tool_mask").to_pylist() if "tool_mask" in table.column_names else [None] * len(ids_column)
-        )
-        for rollout_id, ids, mask in zip(rollout_ids, ids_column, masks):
+        for rollout_id, ids, mask in rows:
             if mask is not None and np.any(turn_cuts(rollout_id, ids, mask, budget) <= budget - 1):
                 return
         raise ValueError(
@@ -162,7 +160,7 @@ def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, sou
             f"turns, i.e. a `tool_mask`, with an admissible point within max_completion_length={budget}), so it "
             "would seed nothing. Seed from a run with tools, or from traces in chat `messages` form."
         )
-    for rollout_id, ids in zip(rollout_ids, ids_column):
+    for rollout_id, ids, _ in rows:
         upper = max_cut(ids, eos_token_ids, budget)
         allowed = text_cuts.get(rollout_id)
         if upper >= 1 and (allowed is None or np.any((allowed >= 1) & (allowed <= upper))):
@@ -172,6 +170,14 @@ def check_seeds_cuttable(table, text_cuts: dict, eos_token_ids, budget: int, sou
         f"token, or has no text boundary within max_completion_length={budget}), so it would seed nothing. Seed from "
         "a dataset of longer responses, or leave seed_dataset unset."
     )
+
+
+def _seed_rows(table, with_masks: bool):
+    """(rollout id, token ids, tool mask or None) of each row of a seed table, as Python values a batch at a time."""
+    with_masks = with_masks and "tool_mask" in table.column_names
+    for batch in table.to_batches(max_chunksize=1024):
+        masks = batch.column("tool_mask").to_pylist() if with_masks else [None] * batch.num_rows
+        yield from zip(batch.column("rollout_id").to_pylist(), batch.column("completion_ids").to_pylist(), masks)
 
 
 def check_replayable(environment_pool: dict | None) -> None:
