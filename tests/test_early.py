@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ts_trl.cli.arguments import default_output_dirs, make_parser, parse_args
+from ts_trl.cli.arguments import make_parser, parse_args, run_defaults
+from ts_trl.cli.early import input_problems, read_recipe, rule_values, run_kind
 from ts_trl.cli.flag_table import SHIPPED_TABLE, load_table, table_of
 from ts_trl.cli.refusals import ConfigError, last_checkpoint
+from ts_trl.method.settings import RULE_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "trl")
@@ -86,6 +88,10 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
                 "cut_ratio_min (0.8) must not exceed cut_ratio_max (0.2).",
             ],
         ),
+        "seeding rule against a default": (
+            ["--cut_ratio_min", "0.95", *fresh],
+            ["cut_ratio_min (0.95) must not exceed cut_ratio_max (0.9)."],
+        ),
         "missing settings": (
             ["--dataset_path", str(tmp / "none.jsonl"), *fresh],
             ["--model_name_or_path is required", "--reward_funcs is required", "none.jsonl: no such file"],
@@ -121,7 +127,7 @@ def test_the_full_parser_says_the_same_line(case, tmp_path, monkeypatch):
 def test_the_shipped_table_is_the_parsers(tmp_path, monkeypatch):
     """`train_flags.json` holds the flags of the live parser (regenerate it with `python -m ts_trl.cli.flag_table`);
     with other TRL or transformers versions than it was made with, it is not used: the checks wait for the parser."""
-    live = json.loads(json.dumps(table_of(make_parser(), default_output_dirs())))
+    live = json.loads(json.dumps(table_of(make_parser(), run_defaults())))
     shipped = json.loads(SHIPPED_TABLE.read_text())
     if shipped["versions"] != live["versions"]:
         monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "empty-cache"))
@@ -141,12 +147,53 @@ def test_the_checkpoint_found_is_transformers_one(tmp_path):
 
 def test_good_input_reaches_the_full_parser(tmp_path):
     """A command line with nothing wrong that the table can see is not refused early: the run goes on to import TRL
-    (stopped here by a rule whose other setting is a default, which only the full parser knows)."""
-    status, lines, imported = _run(
-        "ts_trl train", ["--cut_ratio_min", "0.95", "--output_dir", str(tmp_path)], tmp_path
-    )
-    assert status == 2 and lines[-1].startswith("ts_trl train: error: cut_ratio_min (0.95) must not exceed"), lines
+    (stopped here by GRPOConfig's own rule, which only TRL knows)."""
+    status, lines, imported = _run("ts_trl train", ["--num_generations", "7", "--output_dir", str(tmp_path)], tmp_path)
+    assert status == 2 and lines[-1].startswith("ts_trl train: error: generation_batch_size (256) must be"), lines
     assert set(HEAVY) <= imported
+
+
+def _rule_runs(tmp: Path) -> dict[str, list[str]]:
+    """Command lines of every kind of run, each with its own defaults of the seeding settings."""
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    data = tmp / "data.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text("task: chain\nseed_method: replay\nnum_generations: 4\ncut_ratio_max: 0.5\n")
+    dataset = ["--dataset_path", str(data), "--model_name_or_path", str(model), "--reward_funcs", "math"]
+    return {
+        "embedded default": [],
+        "task": ["--task", "chat-add", "--seed_fraction", "0.25"],
+        "task=": ["--task=calculator", "--cut_ratio_min", "0.3"],
+        "dataset": [*dataset, "--seed_snapshot_steps", "3"],
+        "shipped recipe": ["--config", "smollm2-135m_chat-add_lora", "--replay_per_group", "2"],
+        "recipe under flags": ["--config", str(recipe), "--replay_per_group", "3"],
+    }
+
+
+@pytest.mark.parametrize("run", list(_rule_runs(Path("/nonexistent"))))
+def test_the_early_rule_values_are_the_configs(run, tmp_path, monkeypatch):
+    """The seeding settings the early checks read (the run's defaults under the given values) are those
+    `SeedGRPOConfig` ends with: early never refuses what the full parser accepts, nor checks other values."""
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    argv = [*_rule_runs(tmp_path)[run], "--output_dir", str(tmp_path / "out")]
+    table = json.loads(json.dumps(table_of(make_parser(), run_defaults())))  # as read back from the file
+    early_argv = list(argv)
+    path, recipe = read_recipe(early_argv)
+    settings, problems = input_problems(table, early_argv, recipe, path)
+    assert not problems
+    _, training_args, _ = parse_args(make_parser(prog="ts_trl train"), argv)
+    assert rule_values(table, settings) == {name: getattr(training_args, name) for name in RULE_FIELDS}
+
+
+def test_the_kind_of_run_picks_the_defaults():
+    """A model or dataset named anywhere: the dataclasses' defaults; else the built-in task's, from the flag or the
+    recipe (`--task X`, `--task=X` and abbreviations all parse to one value)."""
+    assert run_kind({}) == "default" and run_kind({"task": "chain"}) == "chain"
+    assert run_kind({"task": "chain", "dataset_path": "d.jsonl"}) == run_kind({"model_name_or_path": "m"}) == ""
+    assert set(run_defaults()) == {"", "default", *make_parser()._option_string_actions["--task"].choices}
 
 
 def test_the_first_help_says_it_is_building_before_the_heavy_imports(tmp_path):

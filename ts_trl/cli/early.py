@@ -109,7 +109,7 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
         reward_funcs=settings.get("reward_funcs"),
         dataset_path=_first(settings.get("dataset_path")),
     )
-    seeding = seeding_problems(_rule_values(table, settings))
+    seeding = seeding_problems(rule_values(table, settings))
     model = _first(settings.get("model_name_or_path"))
     quantized = quantized_without_model(any(is_true(settings.get(k)) for k in ("load_in_4bit", "load_in_8bit")), model)
     # The real model's name is a folder converted on first use (`smollm2.model_path`): the full parser checks it.
@@ -117,15 +117,27 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
     return settings, problems + seeding + [problem for problem in (other, missing, quantized, source) if problem]
 
 
-def _rule_values(table: dict, settings: dict) -> dict:
-    """The given values of the settings `seeding_problems` reads, as `SeedGRPOConfig` would hold them. A value the
-    table already refuses (it does not parse, or is not one of its flag's choices) is left out: said once."""
+def run_kind(settings: dict) -> str:
+    """Which defaults a run with `settings` (flags over recipe) starts from: `""` when it names a model or a dataset
+    (the dataclasses' own), else its built-in task's (`"default"`: `--task` not given), the embedded default's values
+    under the task's."""
+    if any(settings.get(key) for key in SOURCE_KEYS):
+        return ""
+    return str(_first(settings.get("task")) or "default")
+
+
+def rule_values(table: dict, settings: dict) -> dict:
+    """The values of the settings `seeding_problems` reads, as `SeedGRPOConfig` will hold them: the run's defaults
+    (`run_kind`), under the given values. A given value the table already refuses (it does not parse, or is not one of
+    its flag's choices) is left out, and its rules with it: said once."""
     choices = {flag["dest"]: flag["choices"] for flag in table["flags"] if flag.get("choices")}
-    values = {}
+    defaults = table["defaults"].get(run_kind(settings), {})  # none for a `--task` the table refuses
+    values = {name: defaults[name] for name in RULE_FIELDS if name in defaults}
     for name, kind in RULE_FIELDS.items():
         if name not in settings:
             continue
         value = _first(settings[name])
+        values.pop(name, None)
         if value is None or str(value).lower() in ("none", "null"):
             if name in ("seed_filter", "seed_snapshot_steps"):  # the fields that may be unset
                 values[name] = None
@@ -147,9 +159,7 @@ def _output_dir(table: dict, settings: dict) -> str | None:
     """The output folder the run would use: given, else the built-in task's, else TRL's default."""
     if "output_dir" in settings:  # `output_dir: null` in a recipe: TRL's default, which transformers sets later
         return _first(settings["output_dir"])
-    named = any(settings.get(key) for key in SOURCE_KEYS)
-    task = _first(settings.get("task")) or "default"
-    return table["output_dirs"].get("" if named else task)
+    return table["defaults"].get(run_kind(settings), {}).get("output_dir")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
