@@ -14,13 +14,14 @@ from ts_trl.cli.early import input_problems, read_recipe, rule_values, run_kind
 from ts_trl.cli.flag_table import SHIPPED_TABLE, load_table, table_of
 from ts_trl.cli.refusals import ConfigError, last_checkpoint
 from ts_trl.method.settings import RULE_FIELDS
+from ts_trl.rewards import REWARD_NAMES, get_reward_funcs
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "trl")
-COMMANDS = {"ts_trl train": ["-m", "ts_trl", "train"], "train.py": ["train.py"]}
+COMMANDS = {"ts_trl train": ["-m", "ts_trl", "train"], "train.py": [str(ROOT / "train.py")]}
 
 
-def _run(command: str, argv: list[str], tmp_path: Path):
+def _run(command: str, argv: list[str], tmp_path: Path, cwd: Path = ROOT):
     """The command in a fresh interpreter under `-X importtime`: (exit status, stderr lines, top-level imports)."""
     environment = {
         **os.environ,
@@ -31,7 +32,7 @@ def _run(command: str, argv: list[str], tmp_path: Path):
     environment.pop("PYTHONWARNINGS", None)
     result = subprocess.run(
         [sys.executable, "-X", "importtime", *COMMANDS[command], *argv],
-        capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600,
+        capture_output=True, text=True, env=environment, cwd=cwd, timeout=600,
     )  # fmt: skip
     lines = result.stderr.splitlines()
     imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
@@ -92,6 +93,13 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
             ["--cut_ratio_min", "0.95", *fresh],
             ["cut_ratio_min (0.95) must not exceed cut_ratio_max (0.9)."],
         ),
+        "reward names": (
+            ["--reward_funcs", "embedded", "accuracy", "no_such_package.rewards:f", "ts_trl.rewards:later", *fresh],
+            [
+                "Unknown reward 'accuracy'; known rewards are ['binary_code', 'chat_add', 'code', 'embedded',",
+                "Cannot import reward function 'no_such_package.rewards:f': No module named 'no_such_package'",
+            ],
+        ),
         "missing settings": (
             ["--dataset_path", str(tmp / "none.jsonl"), *fresh],
             ["--model_name_or_path is required", "--reward_funcs is required", "none.jsonl: no such file"],
@@ -127,7 +135,7 @@ def test_the_full_parser_says_the_same_line(case, tmp_path, monkeypatch):
 def test_the_shipped_table_is_the_parsers(tmp_path, monkeypatch):
     """`train_flags.json` holds the flags of the live parser (regenerate it with `python -m ts_trl.cli.flag_table`);
     with other TRL or transformers versions than it was made with, it is not used: the checks wait for the parser."""
-    live = json.loads(json.dumps(table_of(make_parser(), run_defaults())))
+    live = json.loads(json.dumps(table_of(make_parser(), run_defaults(), REWARD_NAMES)))
     shipped = json.loads(SHIPPED_TABLE.read_text())
     if shipped["versions"] != live["versions"]:
         monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "empty-cache"))
@@ -151,6 +159,25 @@ def test_good_input_reaches_the_full_parser(tmp_path):
     status, lines, imported = _run("ts_trl train", ["--num_generations", "7", "--output_dir", str(tmp_path)], tmp_path)
     assert status == 2 and lines[-1].startswith("ts_trl train: error: generation_batch_size (256) must be"), lines
     assert set(HEAVY) <= imported
+
+
+@pytest.mark.parametrize("name", ["accuracy", "no_such_package.rewards:f", "no_such_module.f"])
+def test_a_reward_name_refused_early_is_refused_by_the_registry_in_the_same_words(name, tmp_path):
+    """The early check imports no reward; what it refuses, `get_reward_funcs` (which does) refuses alike."""
+    _, lines, _ = _run("ts_trl train", ["--reward_funcs", name, "--output_dir", str(tmp_path / "out")], tmp_path)
+    with pytest.raises(ValueError) as refused:
+        get_reward_funcs([name])
+    assert lines == [f"ts_trl train: error: {refused.value}"]
+
+
+def test_a_reward_module_of_the_working_folder_is_found_early(tmp_path):
+    """`get_reward_funcs` imports from the working folder: a module there is not refused early (nor imported)."""
+    (tmp_path / "my_rewards.py").write_text("raise SystemExit('imported early')\n")
+    status, lines, imported = _run(
+        "train.py", ["--reward_funcs", "my_rewards:f", "--num_generations", "7"], tmp_path, cwd=tmp_path
+    )
+    assert status == 2 and "generation_batch_size (256) must be divisible" in lines[-1], lines
+    assert "my_rewards" not in imported
 
 
 def _rule_runs(tmp: Path) -> dict[str, list[str]]:
@@ -179,7 +206,7 @@ def test_the_early_rule_values_are_the_configs(run, tmp_path, monkeypatch):
     `SeedGRPOConfig` ends with: early never refuses what the full parser accepts, nor checks other values."""
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
     argv = [*_rule_runs(tmp_path)[run], "--output_dir", str(tmp_path / "out")]
-    table = json.loads(json.dumps(table_of(make_parser(), run_defaults())))  # as read back from the file
+    table = json.loads(json.dumps(table_of(make_parser(), run_defaults(), REWARD_NAMES)))  # as read back from the file
     early_argv = list(argv)
     path, recipe = read_recipe(early_argv)
     settings, problems = input_problems(table, early_argv, recipe, path)

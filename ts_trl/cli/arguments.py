@@ -12,6 +12,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from ..embedded.tasks import DEFAULT_TASK, TASKS, task_spec
 from ..method.settings import RULE_FIELDS
+from ..rewards import REWARD_NAMES
 from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
 from .early import (  # noqa: F401 (resolve_recipe: re-exported)
@@ -201,7 +202,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     before TRL is imported, here on the live parser's flags), then the parser's and the dataclasses' own.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    table = table_of(parser, run_defaults())
+    table = table_of(parser, run_defaults(), REWARD_NAMES)
     store_table(table)  # the next command checks its flags before importing TRL, whatever TRL's version
     if wants_help(argv) and "--config" not in argv:
         # The general defaults, not the embedded default's or this machine's; saved for the next --help.

@@ -30,6 +30,7 @@ from .refusals import (
     missing_settings,
     model_source_problem,
     quantized_without_model,
+    reward_problems,
     say_refusal,
     settings_of_other_data,
 )
@@ -95,8 +96,9 @@ def _first(value):
 
 def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None) -> tuple[dict, list[str]]:
     """The settings that `argv` and the recipe give (flags over recipe), and every problem the parser's table shows
-    with them, one sentence each: unknown flags and keys, values that do not parse, settings of the other kind of data,
-    the settings a dataset run lacks, quantization of the tiny model, a model that cannot load."""
+    with them, one sentence each: unknown flags and keys, values that do not parse, seeding settings that break a rule,
+    settings of the other kind of data, the settings a dataset run lacks, rewards that name nothing, quantization of
+    the tiny model, a model that cannot load."""
     given, problems = parse_flags(table, _without_config(argv))
     if path is not None:
         problems += recipe_problems(table, recipe, path)
@@ -110,11 +112,13 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
         dataset_path=_first(settings.get("dataset_path")),
     )
     seeding = seeding_problems(rule_values(table, settings))
+    rewards = reward_problems(settings.get("reward_funcs"), table["rewards"])
     model = _first(settings.get("model_name_or_path"))
     quantized = quantized_without_model(any(is_true(settings.get(k)) for k in ("load_in_4bit", "load_in_8bit")), model)
     # The real model's name is a folder converted on first use (`smollm2.model_path`): the full parser checks it.
     source = model_source_problem(str(model)) if model and str(model).lower() != SMOLLM2_NAME else None
-    return settings, problems + seeding + [problem for problem in (other, missing, quantized, source) if problem]
+    later = [problem for problem in (quantized, source) if problem]
+    return settings, problems + seeding + [problem for problem in (other, missing) if problem] + rewards + later
 
 
 def run_kind(settings: dict) -> str:

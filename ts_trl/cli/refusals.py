@@ -3,6 +3,8 @@ parser applies them, and `early` before TRL is imported, so both say the same.""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import re
 import sys
@@ -41,6 +43,47 @@ def missing_settings(*, with_dataset: bool, model: str | None, reward_funcs, dat
     if dataset_path and not Path(dataset_path).expanduser().exists():
         problems.append(f"--dataset_path {dataset_path}: no such file or folder")
     return "; ".join(problems) + "." if problems else None
+
+
+def reward_module(path: str) -> tuple[str, str]:
+    """The module and the function a dotted reward path names: `pkg.mod:func`, or `pkg.mod.func`."""
+    module, _, function = path.rpartition(":") if ":" in path else path.rpartition(".")
+    return module, function
+
+
+def unknown_reward(name: str, known: list[str]) -> str:
+    return f"Unknown reward {name!r}; known rewards are {sorted(known)}, or give `pkg.mod:func`."
+
+
+def unimportable_reward(path: str, error: Exception) -> str:
+    return f"Cannot import reward function {path!r}: {error}"
+
+
+def reward_problems(names, known: list[str]) -> list[str]:
+    """Why `--reward_funcs` entries name no reward, one sentence each, as `rewards.get_reward_funcs` says it: a name
+    that is neither registered (`known`) nor a dotted path, or a dotted path whose top package is nowhere (on the
+    import path or in the working folder, which `get_reward_funcs` adds). A module that is found is not imported here:
+    a user's module may be slow or import torch; what it holds is checked when the run imports it."""
+    problems = []
+    for name in map(str, names if isinstance(names, list) else [names] if names else []):
+        if name in known:
+            continue
+        if "." not in name and ":" not in name:
+            problems.append(unknown_reward(name, known))
+            continue
+        top = reward_module(name)[0].partition(".")[0]
+        if top.isidentifier() and not _findable(top):
+            problems.append(unimportable_reward(name, ModuleNotFoundError(f"No module named {top!r}")))
+    return problems
+
+
+def _findable(package: str) -> bool:
+    """Whether importing the top-level `package` would find it, from the import path or the working folder."""
+    try:
+        spec = importlib.util.find_spec(package) or importlib.machinery.PathFinder.find_spec(package, [os.getcwd()])
+    except (ImportError, ValueError):  # `__main__`, whose spec may be None: left to the import
+        return True
+    return spec is not None
 
 
 def settings_of_other_data(given: set[str], with_dataset: bool) -> str | None:
