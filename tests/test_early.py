@@ -12,7 +12,7 @@ import pytest
 from ts_trl.cli.arguments import make_parser, parse_args, run_defaults
 from ts_trl.cli.early import input_problems, read_recipe, rule_values, run_kind
 from ts_trl.cli.flag_table import SHIPPED_TABLE, load_table, table_of
-from ts_trl.cli.refusals import ConfigError, last_checkpoint
+from ts_trl.cli.refusals import TRAINER_STATE, ConfigError, last_checkpoint
 from ts_trl.method.settings import RULE_FIELDS
 from ts_trl.rewards import REWARD_NAMES, get_reward_funcs
 
@@ -43,11 +43,27 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     """Bad inputs of every kind answered early: (argv, what the one line names)."""
     used = tmp / "used"
     (used / "checkpoint-5").mkdir(parents=True, exist_ok=True)
+    resumable = tmp / "resumable"
+    (resumable / "checkpoint-8").mkdir(parents=True, exist_ok=True)  # a save cut short: no trainer state
+    (resumable / "checkpoint-4").mkdir(exist_ok=True)
+    (resumable / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
     recipe = tmp / "recipe.yaml"
     recipe.write_text("seed_fractoin: 0.3\nlearning_rate: [1, 2]\ntask: nope\n")
     fresh = ["--output_dir", str(tmp / "fresh")]
     return {
         "used output folder": (["--output_dir", str(used)], ["holds an earlier run (checkpoints up to checkpoint-5)"]),
+        "resume from a checkpoint that does not exist": (
+            ["--resume_from_checkpoint", str(resumable / "checkpoint-9"), *fresh],
+            ["checkpoint-9' does not exist: the checkpoints in", "resumable are checkpoint-4. Pass one of those"],
+        ),
+        "resume from a checkpoint named without its folder": (
+            ["--resume_from_checkpoint", "checkpoint-8", "--output_dir", str(resumable)],
+            ["'checkpoint-8' does not exist:", "resumable are checkpoint-4."],
+        ),
+        "resume from a save cut short": (
+            ["--resume_from_checkpoint", str(resumable / "checkpoint-8"), *fresh],
+            ["checkpoint-8' is not a checkpoint folder (it has no trainer_state.json): the checkpoints in"],
+        ),
         "unknown flags": (
             ["--seed_fractoin", "0.3", "--no_such_flag", "1", *fresh],
             ["unknown flag(s): --seed_fractoin (did you mean --seed_fraction?), --no_such_flag."],
@@ -118,7 +134,7 @@ def test_bad_input_is_one_line_before_the_heavy_imports(command, case, tmp_path)
     assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{command}: error: "), lines
     assert all(part in lines[0] for part in named), lines[0]
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
-    assert not (tmp_path / "fresh").exists()
+    assert not (tmp_path / "fresh").exists() and (tmp_path / "resumable" / "checkpoint-8").exists()
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -145,7 +161,10 @@ def test_the_shipped_table_is_the_parsers(tmp_path, monkeypatch):
 
 
 def test_the_checkpoint_found_is_transformers_one(tmp_path):
+    from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import get_last_checkpoint
+
+    assert TRAINER_STATE == TRAINER_STATE_NAME
 
     for name in ("checkpoint-9", "checkpoint-10", "checkpoint-x", "checkpoint-2-old", "notes"):
         (tmp_path / name).mkdir()
@@ -178,6 +197,16 @@ def test_a_reward_module_of_the_working_folder_is_found_early(tmp_path):
     )
     assert status == 2 and "generation_batch_size (256) must be divisible" in lines[-1], lines
     assert "my_rewards" not in imported
+
+
+def test_a_checkpoint_to_resume_from_reaches_the_full_parser(tmp_path):
+    """A checkpoint folder (its trainer state written) is not refused early, nor its output folder as an earlier run's."""
+    _cases(tmp_path)
+    resume = ["--resume_from_checkpoint", "resumable/checkpoint-4", "--output_dir", "resumable"]
+    argv = [*resume, "--num_generations", "7"]
+    status, lines, imported = _run("ts_trl train", argv, tmp_path, cwd=tmp_path)
+    assert status == 2 and "generation_batch_size (256) must be divisible" in lines[-1], lines
+    assert set(HEAVY) <= imported
 
 
 def _rule_runs(tmp: Path) -> dict[str, list[str]]:

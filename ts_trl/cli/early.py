@@ -1,8 +1,9 @@
 """What `ts_trl train` (and `train.py`) answers before torch, transformers and TRL are imported, which takes from
 seconds on an idle machine to a minute on a busy one: the help when it is cached (and a line saying what the wait is
 for when it is not), and bad input: a recipe that is missing or not a mapping, unknown flags and recipe keys, values
-that do not parse, settings of the other kind of data, the settings a dataset run lacks (all named at once), and an
-output folder that holds an earlier run.
+that do not parse, seeding settings that break a rule, settings of the other kind of data, the settings a dataset run
+lacks, reward names that name nothing (all at once), and an output folder that holds an earlier run, or a checkpoint
+to resume from that is not one.
 
 The checks are the parser's own (`input_problems`): the full parser runs them again on its live table of flags, so
 both say the same line. Without a table for this install (`flag_table.load_table`), only the help and the recipe are
@@ -26,9 +27,9 @@ from .refusals import (
     DATASET_KEYS,
     SOURCE_KEYS,
     ConfigError,
-    earlier_run_problem,
     missing_settings,
     model_source_problem,
+    output_dir_problem,
     quantized_without_model,
     reward_problems,
     say_refusal,
@@ -194,9 +195,9 @@ def answer_early(prog: str, argv: list[str] | None = None) -> None:
     """Answers `--help` from the cache (exit 0) or bad input with one `prog: error: ...` line (exit 2), without
     importing TRL; otherwise returns, and the full parser reads the command line.
 
-    The output folder is checked last and alone, as the full parser does once every value is known; it is left to
-    the full parser when resuming (the checkpoint is read there) and under a launcher of several processes (each rank
-    checks its own folder, and all stop with the first rank's line).
+    The output folder (or the checkpoint resumed from) is checked last and alone, as the full parser does once every
+    value is known; it is left to the full parser under a launcher of several processes (each rank checks its own
+    folder, and all stop with the first rank's line).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
@@ -213,8 +214,12 @@ def answer_early(prog: str, argv: list[str] | None = None) -> None:
     if problems:
         _refuse(prog, " ".join(problems))
     output_dir = _output_dir(table, settings)
+    resume = _first(settings.get("resume_from_checkpoint"))
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if output_dir and not settings.get("resume_from_checkpoint") and not several:
-        problem = earlier_run_problem(Path(output_dir))
+    if output_dir and isinstance(resume, (str, type(None))) and not several:  # a recipe's `true`: TRL's to read
+        try:
+            problem = output_dir_problem(Path(output_dir), resume)
+        except ValueError:  # a checkpoint's trainer state that does not read: the full parser says so
+            problem = None
         if problem:
             _refuse(prog, problem)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -16,8 +17,10 @@ DATASET_KEYS = ("dataset_name", "dataset_path")
 SOURCE_KEYS = ("model_name_or_path", *DATASET_KEYS)
 _DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
 _TASK_ONLY_PREFIX = "embedded_"
-# transformers' checkpoint folders (`PREFIX_CHECKPOINT_DIR`): tests/test_early.py checks that both find the same one.
+# transformers' checkpoint folders (`PREFIX_CHECKPOINT_DIR`), and the file it writes last into one
+# (`TRAINER_STATE_NAME`): tests/test_early.py checks that both are transformers'.
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
 
 
 class ConfigError(ValueError):
@@ -138,6 +141,46 @@ def earlier_run_problem(output_dir: Path) -> str | None:
     return (
         f"--output_dir {output_dir} holds an earlier run ({held}). Continue it with {resume}, or start a new run in "
         "another --output_dir (or move the folder away)."
+    )
+
+
+def output_dir_problem(output_dir: Path, resume_from_checkpoint) -> str | None:
+    """Why a run may not start in `output_dir`: it holds an earlier run (`earlier_run_problem`), or, resuming, the
+    checkpoint named is not one (`resume_problem`)."""
+    if resume_from_checkpoint:
+        return resume_problem(resume_from_checkpoint, output_dir)
+    return earlier_run_problem(output_dir)
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    """The step a checkpoint folder was saved at: its trainer state's, else its name's."""
+    state = Path(checkpoint) / TRAINER_STATE
+    if state.exists():
+        return int(json.loads(state.read_text())["global_step"])
+    name = Path(checkpoint).name
+    if name.startswith("checkpoint-"):
+        return int(name.rsplit("-", 1)[1])
+    raise ValueError(f"{checkpoint} is not a checkpoint folder (no {TRAINER_STATE}, not named checkpoint-<step>).")
+
+
+def resume_problem(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> str | None:
+    """Why `checkpoint` cannot be resumed from: it does not exist, or is not a checkpoint folder (no trainer state,
+    which transformers writes last); the sentence names the checkpoints that do exist (None: it is one)."""
+    path = Path(checkpoint).expanduser()
+    if path.is_dir() and (path / TRAINER_STATE).is_file():
+        return None
+    problem = "does not exist" if not path.exists() else f"is not a checkpoint folder (it has no {TRAINER_STATE})"
+    # The checkpoints beside the one asked for, else those of this run's output_dir.
+    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path(output_dir)
+    found = sorted((p for p in folder.glob("checkpoint-*") if (p / TRAINER_STATE).is_file()), key=checkpoint_step)
+    existing = (
+        f"the checkpoints in {folder} are {', '.join(p.name for p in found)}"
+        if found
+        else f"{folder} holds no checkpoint"
+    )
+    return (
+        f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
+        "resume_from_checkpoint unset to start a new run."
     )
 
 
