@@ -49,7 +49,15 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     (resumable / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
     recipe = tmp / "recipe.yaml"
     recipe.write_text("seed_fractoin: 0.3\nlearning_rate: [1, 2]\ntask: nope\n")
+    no_prompt = tmp / "no_prompt.jsonl"
+    no_prompt.write_text('{"text": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
+    no_tests = tmp / "no_tests.csv"
+    no_tests.write_text("prompt,solution\nWrite f.,def f(): pass\n")
+    model = tmp / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text("{}")
     fresh = ["--output_dir", str(tmp / "fresh")]
+    dataset = ["--model_name_or_path", str(model), "--reward_funcs", "math", *fresh]
     return {
         "used output folder": (["--output_dir", str(used)], ["holds an earlier run (checkpoints up to checkpoint-5)"]),
         "resume from a checkpoint that does not exist": (
@@ -63,6 +71,21 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "resume from a save cut short": (
             ["--resume_from_checkpoint", str(resumable / "checkpoint-8"), *fresh],
             ["checkpoint-8' is not a checkpoint folder (it has no trainer_state.json): the checkpoints in"],
+        ),
+        "data file without a prompt column": (
+            ["--dataset_path", str(no_prompt), *dataset],
+            [
+                "The dataset has no prompt column (one of problem, question, prompt, instruction, query); its columns",
+                "are ['text', 'answer']. Name the right one with --prompt_column.",
+            ],
+        ),
+        "data file without the column named": (
+            ["--dataset_path", str(no_prompt), "--prompt_column", "query", *dataset],
+            ["The dataset has no column 'query'; its columns are ['text', 'answer']."],
+        ),
+        "code data without tests": (
+            ["--dataset_path", str(no_tests), "--domain", "code", *dataset],
+            ["The dataset has no tests column (one of tests, test_list,", "Name the right one with --answer_column."],
         ),
         "unknown flags": (
             ["--seed_fractoin", "0.3", "--no_such_flag", "1", *fresh],
@@ -207,6 +230,47 @@ def test_a_checkpoint_to_resume_from_reaches_the_full_parser(tmp_path):
     status, lines, imported = _run("ts_trl train", argv, tmp_path, cwd=tmp_path)
     assert status == 2 and "generation_batch_size (256) must be divisible" in lines[-1], lines
     assert set(HEAVY) <= imported
+
+
+def _data_files(tmp: Path, rows: list[dict]) -> list[Path]:
+    """`rows` as each kind of local file that `--dataset_path` reads and whose columns are told early."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    files = [tmp / "rows.jsonl", tmp / "rows.json", tmp / "rows.csv", tmp / "rows.parquet"]
+    frame.to_json(files[0], orient="records", lines=True)
+    frame.to_json(files[1], orient="records", lines=True)
+    frame.to_csv(files[2], index=False)
+    frame.to_parquet(files[3])
+    return files
+
+
+@pytest.mark.parametrize(
+    "rows, settings",
+    [
+        ([{"question": "1+1?", "answer": "2", "id": 1}], {}),
+        ([{"text": "1+1?", "answer": "2"}], {}),
+        ([{"question": "1+1?", "gold": "2"}], {"answer_column": "answer"}),
+        ([{"question": "1+1?", "answer": "2"}], {"domain": "code"}),
+    ],
+)
+def test_a_data_files_columns_are_told_early_as_the_loaded_dataset_tells_them(rows, settings, tmp_path):
+    """The columns read from a file's first row or schema are those of the dataset `datasets` loads, and the columns
+    refused early are refused by `to_prompt_dataset` in the same words."""
+    from ts_trl.cli.columns import first_row_columns
+    from ts_trl.cli.data import read_local, to_prompt_dataset
+    from ts_trl.cli.early import _columns_problem
+
+    for path in _data_files(tmp_path, rows):
+        dataset = read_local(str(path))
+        assert first_row_columns(path) == dataset.column_names, path.name
+        early = _columns_problem({"dataset_path": str(path), **settings})
+        try:
+            to_prompt_dataset(dataset, **settings)
+            loaded = None
+        except ValueError as error:
+            loaded = str(error)
+        assert early == loaded, path.name
 
 
 def _rule_runs(tmp: Path) -> dict[str, list[str]]:

@@ -2,8 +2,8 @@
 seconds on an idle machine to a minute on a busy one: the help when it is cached (and a line saying what the wait is
 for when it is not), and bad input: a recipe that is missing or not a mapping, unknown flags and recipe keys, values
 that do not parse, seeding settings that break a rule, settings of the other kind of data, the settings a dataset run
-lacks, reward names that name nothing (all at once), and an output folder that holds an earlier run, or a checkpoint
-to resume from that is not one.
+lacks, a local data file without a prompt or answer column, reward names that name nothing (all at once), and an output
+folder that holds an earlier run, or a checkpoint to resume from that is not one.
 
 The checks are the parser's own (`input_problems`): the full parser runs them again on its live table of flags, so
 both say the same line. Without a table for this install (`flag_table.load_table`), only the help and the recipe are
@@ -21,6 +21,7 @@ import yaml
 from ..method.settings import RULE_FIELDS, seeding_problems
 from ..resources import packaged_file, packaged_folder
 from ..smollm2 import SMOLLM2_NAME
+from .columns import first_row_columns, pick_columns
 from .flag_table import is_true, load_table, parse_flags, recipe_problems
 from .flags import cached_help, wants_help
 from .refusals import (
@@ -98,8 +99,8 @@ def _first(value):
 def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None) -> tuple[dict, list[str]]:
     """The settings that `argv` and the recipe give (flags over recipe), and every problem the parser's table shows
     with them, one sentence each: unknown flags and keys, values that do not parse, seeding settings that break a rule,
-    settings of the other kind of data, the settings a dataset run lacks, rewards that name nothing, quantization of
-    the tiny model, a model that cannot load."""
+    settings of the other kind of data, the settings a dataset run lacks, a local data file without the columns it
+    needs, rewards that name nothing, quantization of the tiny model, a model that cannot load."""
     given, problems = parse_flags(table, _without_config(argv))
     if path is not None:
         problems += recipe_problems(table, recipe, path)
@@ -118,8 +119,26 @@ def input_problems(table: dict, argv: list[str], recipe: dict, path: str | None)
     quantized = quantized_without_model(any(is_true(settings.get(k)) for k in ("load_in_4bit", "load_in_8bit")), model)
     # The real model's name is a folder converted on first use (`smollm2.model_path`): the full parser checks it.
     source = model_source_problem(str(model)) if model and str(model).lower() != SMOLLM2_NAME else None
+    columns = _columns_problem(settings) if with_dataset else None
     later = [problem for problem in (quantized, source) if problem]
-    return settings, problems + seeding + [problem for problem in (other, missing) if problem] + rewards + later
+    return settings, problems + seeding + [p for p in (other, missing, columns) if p] + rewards + later
+
+
+def _columns_problem(settings: dict) -> str | None:
+    """Why a local data file has no prompt or reference column (`columns.pick_columns`), told from its first row or
+    schema; None when it has both, or when that cannot be told without loading it."""
+    path = _first(settings.get("dataset_path"))
+    domain = _first(settings.get("domain", "math"))
+    if not path or not Path(path).expanduser().is_file() or domain not in ("math", "code"):
+        return None
+    columns = first_row_columns(Path(path).expanduser())
+    if columns is None:
+        return None
+    try:
+        pick_columns(columns, _first(settings.get("prompt_column")), _first(settings.get("answer_column")), domain)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def run_kind(settings: dict) -> str:
