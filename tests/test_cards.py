@@ -188,9 +188,11 @@ def test_a_failed_final_push_keeps_the_model_and_says_so(hub, make_trainer, tmp_
 def test_resuming_from_a_checkpoint_that_does_not_exist_names_it_and_the_ones_that_do(embedded_run, capsys):
     missing = embedded_run / "checkpoint-9"
     argv = ["train", "--output_dir", str(embedded_run), *EMBEDDED_SMALL, "--resume_from_checkpoint", str(missing)]
-    with pytest.raises(SystemExit) as exit_info:
-        ts_trl_main(argv)
-    assert exit_info.value.code == 2
+    try:  # refused before TRL's import (the status returned), or by the full parser
+        status = ts_trl_main(argv)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    assert status == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "manifest.json" not in err
     assert f"{missing}' does not exist" in err and "checkpoint-1, checkpoint-2" in err

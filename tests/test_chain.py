@@ -8,7 +8,7 @@ import pytest
 
 from ts_trl.embedded import EmbeddedTask, Problem, embedded_reward
 from ts_trl.embedded.chain import ChainTask, read_trace, trace_rates
-from ts_trl.embedded.tasks import TASKS, make_task, task_named
+from ts_trl.embedded.tasks import TASKS, make_task
 
 
 def test_a_repaired_error_passes_and_an_unrepaired_one_fails():
@@ -107,8 +107,6 @@ def test_the_addition_task_is_unchanged_by_the_registry():
     assert make_task("add") == EmbeddedTask(difficulty=2, min_difficulty=1, seed=0)
     assert vars(make_task("add", seed=3)) == vars(EmbeddedTask(difficulty=2, min_difficulty=1, seed=3))
     assert TASKS["add"].model_kwargs == DEFAULT_MODEL_KWARGS and TASKS["add"].warmup_steps == 600
-    assert task_named(["--task", "chain"], {}) == "chain" and task_named(["--task=chain"], {"task": "add"}) == "chain"
-    assert task_named([], {"task": "chain"}) == "chain" and task_named([], {}) == "add"
 
 
 def test_chain_trains_through_the_trainer(tmp_path, tokenizer):

@@ -10,14 +10,22 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from ..embedded.tasks import DEFAULT_TASK, TASKS, task_named, task_spec
+from ..embedded.tasks import DEFAULT_TASK, TASKS, task_spec
+from ..method.settings import RULE_FIELDS
+from ..rewards import REWARD_NAMES
 from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
-from .early import input_problems, read_recipe, resolve_recipe, shipped_names  # noqa: F401 (resolve_recipe: re-exported)
+from .early import (  # noqa: F401 (resolve_recipe: re-exported)
+    input_problems,
+    read_recipe,
+    resolve_recipe,
+    run_kind,
+    shipped_names,
+)
 from .environment import check_output_dir, cpu_only, skip_deepspeed_shm_build
 from .flag_table import store_table, table_of
 from .flags import DefaultsHelpFormatter, store_help, wants_help
-from .refusals import SOURCE_KEYS, ConfigError
+from .refusals import ConfigError
 
 # Used when neither a model nor a dataset is named (on the command line or in the --config recipe). Sized so that
 # the whole run fits in minutes on two CPU cores; recipes/embedded.yaml holds the same values, a test checks it.
@@ -194,7 +202,7 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     before TRL is imported, here on the live parser's flags), then the parser's and the dataclasses' own.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    table = table_of(parser, default_output_dirs())
+    table = table_of(parser, run_defaults(), REWARD_NAMES)
     store_table(table)  # the next command checks its flags before importing TRL, whatever TRL's version
     if wants_help(argv) and "--config" not in argv:
         # The general defaults, not the embedded default's or this machine's; saved for the next --help.
@@ -203,14 +211,12 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         print(text, end="")
         raise SystemExit(0)
     path, recipe = read_recipe(argv)
-    _, problems = input_problems(table, argv, recipe, path)
+    settings, problems = input_problems(table, argv, recipe, path)
     if problems:
         raise ConfigError(" ".join(problems))
-    named = any(recipe.get(key) for key in SOURCE_KEYS) or any(
-        arg.split("=", 1)[0] == f"--{key}" for arg in argv for key in SOURCE_KEYS
-    )
-    if not named:
-        spec = task_spec(task_named(argv, recipe))
+    kind = run_kind(settings)  # the defaults the early checks assumed: the same rule picks them here
+    if kind:
+        spec = task_spec(DEFAULT_TASK if kind == "default" else kind)
         unused = parser.set_defaults_with_config(**{**EMBEDDED_DEFAULTS, **spec.train_defaults})
         assert not unused, unused  # every embedded default is a real field
     skip_deepspeed_shm_build()
@@ -227,12 +233,17 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     return script_args, training_args, model_args
 
 
-def default_output_dirs() -> dict[str, str | None]:
-    """The output folder of each kind of run when none is given: each built-in task's (`"default"`: `--task`'s
-    default), and TRL's (`""`) for a named model."""
-    dirs = {name: {**EMBEDDED_DEFAULTS, **task_spec(name).train_defaults}["output_dir"] for name in TASKS}
-    trl_default = next(f.default for f in dataclasses.fields(SeedGRPOConfig) if f.name == "output_dir")
-    return {"": trl_default, "default": dirs[DEFAULT_TASK], **dirs}
+def run_defaults() -> dict[str, dict]:
+    """The defaults of each kind of run (`early.run_kind`) for the settings checked before TRL is imported: the
+    output folder and the settings of the seeding rules. A named model's or dataset's (`""`) are `SeedGRPOConfig`'s
+    own; a built-in task's (`"default"`: `--task`'s default) the embedded default's and the task's over them."""
+    names = ("output_dir", *RULE_FIELDS)
+    own = {f.name: f.default for f in dataclasses.fields(SeedGRPOConfig) if f.name in names}
+    tasks = {}
+    for name in TASKS:
+        embedded = {**EMBEDDED_DEFAULTS, **task_spec(name).train_defaults}
+        tasks[name] = {**own, **{key: value for key, value in embedded.items() if key in names}}
+    return {"": own, "default": tasks[DEFAULT_TASK], **tasks}
 
 
 def is_embedded_task(script_args: SeedScriptArguments) -> bool:

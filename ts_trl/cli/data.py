@@ -10,29 +10,14 @@ from datasets import Dataset, load_dataset, load_from_disk
 from huggingface_hub import constants
 
 from ..store.schema import prompt_id_of
+from .columns import pick_columns
 
-MATH_PROMPT_COLUMNS = ("problem", "question", "prompt", "instruction", "query")
-MATH_ANSWER_COLUMNS = ("answer", "final_answer", "gold", "solution")  # a short final answer beats a worked solution
-CODE_PROMPT_COLUMNS = ("prompt", "text", "question", "question_content", "problem", "description", "instruction")
-# In order of preference; each is turned into a `tests` string by `_tests_of`.
-CODE_TESTS_COLUMNS = ("tests", "test_list", "test", "input_output", "public_test_cases", "public_tests")
 DATA_EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
 
 def gsm8k_final_answer(answer: str) -> str:
     """The text after the last `####` of a GSM8K solution; other answers are returned stripped."""
     return answer.rsplit("####", 1)[-1].strip()
-
-
-def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, ...], what: str, flag: str) -> str:
-    if given is not None and given in columns:
-        return given
-    if given is None:
-        for name in candidates:
-            if name in columns:
-                return name
-    wanted = f"column {given!r}" if given is not None else f"{what} column (one of {', '.join(candidates)})"
-    raise ValueError(f"The dataset has no {wanted}; its columns are {columns}. Name the right one with {flag}.")
 
 
 def _as_prompt(value, system_prompt: str | None, conversational: bool):
@@ -89,17 +74,9 @@ def to_prompt_dataset(
 
     Long: one column after another, each refusal next to the condition it names.
     """
-    if domain not in ("math", "code"):
-        raise ValueError(f"domain must be 'math' or 'code', got {domain!r}")
     columns = list(dataset.column_names)
     math = domain == "math"
-    prompt_candidates, reference_candidates = (
-        (MATH_PROMPT_COLUMNS, MATH_ANSWER_COLUMNS) if math else (CODE_PROMPT_COLUMNS, CODE_TESTS_COLUMNS)
-    )
-    prompt_col = _pick_column(columns, prompt_column, prompt_candidates, "prompt", "--prompt_column")
-    reference_col = _pick_column(
-        columns, answer_column, reference_candidates, "answer" if math else "tests", "--answer_column"
-    )
+    prompt_col, reference_col = pick_columns(columns, prompt_column, answer_column, domain)
     empty = [index for index, prompt in enumerate(dataset[prompt_col]) if _is_empty(prompt)]
     if empty:
         raise ValueError(

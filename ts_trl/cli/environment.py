@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..store.resume import check_resume_checkpoint
 from ..trainer.collectives import is_deepspeed
-from .refusals import ConfigError, earlier_run_problem, model_source_problem, say_refusal
+from .refusals import ConfigError, model_source_problem, output_dir_problem, say_refusal
 
 
 def cpu_only() -> bool:
@@ -41,27 +40,19 @@ def skip_deepspeed_shm_build() -> None:
 
 
 def check_output_dir(training_args) -> None:
-    """One rule for a folder that holds another run: continue it with resume_from_checkpoint, or use a new folder.
+    """One rule for a folder that holds another run: continue it with resume_from_checkpoint, or use a new folder; and
+    a resume_from_checkpoint that is not a checkpoint is refused with the checkpoints there are.
 
-    Checkpoints and seeds are one run (`early.earlier_run_problem`), so a used folder is refused before anything is
+    Checkpoints and seeds are one run (`refusals.earlier_run_problem`), so a used folder is refused before anything is
     loaded or written.
     Every rank checks its own output_dir (another machine's may be a local disk), and all stop with the first line.
     """
     problem = None
     try:
-        _check_own_output_dir(Path(training_args.output_dir), training_args.resume_from_checkpoint)
-    except ValueError as error:
+        problem = output_dir_problem(Path(training_args.output_dir), training_args.resume_from_checkpoint)
+    except ValueError as error:  # a checkpoint's trainer state that does not read
         problem = str(error)
     problem = first_problem_of_every_rank(problem)
-    if problem is not None:
-        raise ConfigError(problem)
-
-
-def _check_own_output_dir(output_dir: Path, resume_from_checkpoint) -> None:
-    if resume_from_checkpoint:
-        check_resume_checkpoint(resume_from_checkpoint, output_dir)
-        return
-    problem = earlier_run_problem(output_dir)  # the rule `ts_trl train` also applies before TRL is imported
     if problem is not None:
         raise ConfigError(problem)
 

@@ -65,9 +65,10 @@ def _value_type(action: argparse.Action) -> tuple[str, bool]:
     return (name if name in _PARSERS else "any"), nullable
 
 
-def table_of(parser: argparse.ArgumentParser, output_dirs: dict[str, str | None]) -> dict:
-    """The table of `parser`'s flags (help and `--config` aside), with the output folder each kind of run defaults to
-    (`output_dirs`: the built-in task's name, or `""` for a run on a dataset)."""
+def table_of(parser: argparse.ArgumentParser, defaults: dict[str, dict], rewards: list[str]) -> dict:
+    """The table of `parser`'s flags (help and `--config` aside), with what else the early checks read: the defaults
+    of each kind of run (`defaults`, by `early.run_kind`: a built-in task's name, or `""` for a named model or
+    dataset) and the registered reward names (`rewards`)."""
     flags = []
     for action in parser._actions:
         if not action.option_strings or action.dest in ("help", "config"):
@@ -85,7 +86,7 @@ def table_of(parser: argparse.ArgumentParser, output_dirs: dict[str, str | None]
                 "choices": None if action.choices is None else [str(choice) for choice in action.choices],
             }
         )
-    return {"versions": installed_versions(), "flags": flags, "output_dirs": output_dirs}
+    return {"versions": installed_versions(), "flags": flags, "defaults": defaults, "rewards": rewards}
 
 
 def _cache_file() -> Path:
@@ -261,12 +262,17 @@ def recipe_problems(table: dict, recipe: dict, path: str) -> list[str]:
 
 def main() -> None:
     """Writes `train_flags.json` from the live parser (after a change of flags, or of TRL or transformers)."""
-    from .arguments import default_output_dirs, make_parser  # lazy: this is the one place that builds the parser
+    from ..rewards import REWARD_NAMES  # lazy, as the parser: both import TRL
+    from .arguments import make_parser, run_defaults  # lazy: this is the one place that builds the parser
 
-    table = table_of(make_parser(), default_output_dirs())
-    flags = ",\n".join(json.dumps(flag) for flag in table["flags"])  # a flag a line: a change reads as one
-    head = {key: value for key, value in table.items() if key != "flags"}
-    SHIPPED_TABLE.write_text(json.dumps(head)[:-1] + ', "flags": [\n' + flags + "\n]}\n")
+    table = table_of(make_parser(), run_defaults(), REWARD_NAMES)
+    # A flag a line, and a kind of run's defaults a line: a change reads as one.
+    defaults = ",\n".join(f"{json.dumps(kind)}: {json.dumps(values)}" for kind, values in table["defaults"].items())
+    flags = ",\n".join(json.dumps(flag) for flag in table["flags"])
+    SHIPPED_TABLE.write_text(
+        f'{{"versions": {json.dumps(table["versions"])}, "rewards": {json.dumps(table["rewards"])}, '
+        f'"defaults": {{\n{defaults}\n}}, "flags": [\n{flags}\n]}}\n'
+    )
     print(f"wrote {SHIPPED_TABLE} ({len(table['flags'])} flags, {table['versions']})")
 
 

@@ -168,13 +168,3 @@ def task_reward(task) -> Callable:
 def is_real_model_task(task) -> bool:
     """Whether `task` is sized for a real model (the package's tiny one does not know it)."""
     return isinstance(task, ChatAddTask)
-
-
-def task_named(argv: list[str], recipe: dict) -> str:
-    """The `--task` of a command line (`--task X` or `--task=X`), else the recipe's `task`, else the default."""
-    for index, arg in enumerate(argv):
-        if arg == "--task" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--task="):
-            return arg.split("=", 1)[1]
-    return recipe.get("task", DEFAULT_TASK)

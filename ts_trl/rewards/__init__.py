@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from ..cli.refusals import reward_module, unimportable_reward, unknown_reward  # also said before TRL is imported
 from .code import code_reward, get_code_reward
 from .math import format_reward, math_reward
 
@@ -22,14 +23,16 @@ LAZY_REWARDS = {
     "embedded": "ts_trl.embedded.task:embedded_reward",
     "chat_add": "ts_trl.embedded.chat_add:chat_add_reward",
 }
+# In `ts_trl train`'s table of flags, so that names are checked before TRL is imported.
+REWARD_NAMES = sorted([*REWARDS, *LAZY_REWARDS])
 
 
 def _import_callable(path: str) -> Callable:
-    module_name, _, attribute = path.rpartition(":") if ":" in path else path.rpartition(".")
+    module_name, attribute = reward_module(path)
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"Cannot import reward function {path!r}: {error}") from error
+        raise ValueError(unimportable_reward(path, error)) from error
     if not callable(function):
         raise ValueError(f"Reward {path!r} is not callable")
     return function
@@ -51,8 +54,7 @@ def get_reward_funcs(names: list[str]) -> list[Callable]:
         elif "." in name or ":" in name:
             functions.append(_import_callable(name))
         else:
-            known = sorted([*REWARDS, *LAZY_REWARDS])
-            raise ValueError(f"Unknown reward {name!r}; known rewards are {known}, or give `pkg.mod:func`.")
+            raise ValueError(unknown_reward(name, REWARD_NAMES))
     return functions
 
 
@@ -79,6 +81,7 @@ def check_reward_columns(dataset, reward_funcs: list[Callable]) -> None:
 
 __all__ = [
     "REWARDS",
+    "REWARD_NAMES",
     "check_reward_columns",
     "code_reward",
     "format_reward",

@@ -31,6 +31,8 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
+from ..cli.refusals import checkpoint_step, resume_problem
+
 logger = logging.getLogger(__name__)
 
 
@@ -49,16 +51,6 @@ class Resume:
     manifest: Any  # `format.SeedManifest`: the run id, the shards and where their files are
     shards: list[dict]
     state: dict = field(default_factory=dict)
-
-
-def checkpoint_step(checkpoint: str | os.PathLike) -> int:
-    state = Path(checkpoint) / TRAINER_STATE_NAME
-    if state.exists():
-        return int(json.loads(state.read_text())["global_step"])
-    name = Path(checkpoint).name
-    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
-        return int(name.rsplit("-", 1)[1])
-    raise ValueError(f"{checkpoint} is not a checkpoint folder (no trainer_state.json, not named checkpoint-<step>).")
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str:
@@ -88,28 +80,13 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str:
 def check_resume_checkpoint(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> None:
     """Fails with one line when `checkpoint` is not a checkpoint folder, naming the checkpoints that do exist.
 
-    Checked before the model is loaded (`ts_trl train`) and before `train` rebuilds the seed bank, whose own
-    complaints (no seed manifest, no weights) would hide the real mistake: a mistyped or deleted checkpoint.
+    Checked before the model is loaded (`ts_trl train`, which also checks it before TRL is imported) and before `train`
+    rebuilds the seed bank, whose own complaints (no seed manifest, no weights) would hide the real mistake: a
+    mistyped or deleted checkpoint.
     """
-    path = Path(checkpoint).expanduser()
-    if path.is_dir() and (path / "trainer_state.json").is_file():
-        return
-    problem = "does not exist" if not path.exists() else "is not a checkpoint folder (it has no trainer_state.json)"
-    # The checkpoints beside the one asked for, else those of this run's output_dir.
-    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path(output_dir)
-    found = sorted(
-        (p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / "trainer_state.json").is_file()),
-        key=lambda p: checkpoint_step(p),
-    )
-    existing = (
-        f"the checkpoints in {folder} are {', '.join(p.name for p in found)}"
-        if found
-        else f"{folder} holds no checkpoint"
-    )
-    raise ValueError(
-        f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
-        "resume_from_checkpoint unset to start a new run."
-    )
+    problem = resume_problem(checkpoint, output_dir)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def resume_checkpoint_on_every_rank(
