@@ -89,6 +89,18 @@ def test_a_crash_keeps_the_launchers_traceback(tmp_path):
     assert "subprocess.CalledProcessError" in result.stderr, result.stderr[-3000:]
 
 
+def test_a_crash_of_one_rank_keeps_the_traceback_and_torchs_notices(tmp_path):
+    """Two ranks, one crashes: the launcher's `ChildFailedError` and torch's notices of the failure and of the rank it
+    stopped, as without the package."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, time\nif os.environ['RANK'] == '1':\n    raise RuntimeError('rank 1 crashed')\ntime.sleep(5)\n"
+    )
+    result = _launch(tmp_path, TWO_CPU_RANKS, [str(script)])
+    assert result.returncode == 1 and "rank 1 crashed" in result.stderr, result.stderr[-3000:]
+    assert "ChildFailedError" in result.stderr and "failed (exitcode: 1)" in result.stderr, result.stderr[-3000:]
+
+
 def test_exit_2_without_a_refusal_line_keeps_the_traceback_and_the_switch_turns_it_off(tmp_path):
     script = tmp_path / "two.py"
     script.write_text("import sys\nprint('not a refusal', file=sys.stderr)\nsys.exit(2)\n")

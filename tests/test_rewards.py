@@ -333,3 +333,10 @@ def test_registry_names_and_dotted_paths():
         get_reward_funcs(["accuracy"])
     with pytest.raises(ValueError, match="Cannot import"):
         get_reward_funcs(["ts_trl.rewards:nothing_here"])
+
+
+def test_the_names_checked_before_trl_is_imported_are_the_registrys():
+    """`ts_trl train` checks `--reward_funcs` against `REWARD_NAMES` without importing the rewards."""
+    from ts_trl.rewards import LAZY_REWARDS, REWARD_NAMES
+
+    assert REWARD_NAMES == sorted([*REWARDS, *LAZY_REWARDS])

@@ -20,6 +20,7 @@ import yaml
 
 from ..method.settings import RULE_FIELDS, seeding_problems
 from ..resources import packaged_file, packaged_folder
+from ..rewards import reward_problems
 from ..smollm2 import SMOLLM2_NAME
 from .columns import first_row_columns, pick_columns
 from .flag_table import is_true, load_table, parse_flags, recipe_problems
@@ -32,7 +33,6 @@ from .refusals import (
     model_source_problem,
     output_dir_problem,
     quantized_without_model,
-    reward_problems,
     say_refusal,
     settings_of_other_data,
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..trainer.collectives import is_deepspeed
+from ..trainer.collectives import is_deepspeed, pause_backend_threads_at_exit
 from .refusals import ConfigError, model_source_problem, output_dir_problem, say_refusal
 
 
@@ -64,6 +64,7 @@ def first_problem_of_every_rank(problem: str | None) -> str | None:
         return problem
     found = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(found, problem)
+    pause_backend_threads_at_exit()  # a rank that refuses exits right after this gather: as cleanly as a finished run
     rank, first = next(((r, p) for r, p in enumerate(found) if p is not None), (0, None))
     return first if rank == 0 or first is None else f"Rank {rank} (its own --output_dir): {first}"
 

@@ -22,6 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..resources import cache_root
+from ..rewards import REWARD_NAMES
 
 SHIPPED_TABLE = Path(__file__).with_name("train_flags.json")
 # The packages whose dataclasses the parser reads: the table holds for their installed versions only.
@@ -262,7 +263,6 @@ def recipe_problems(table: dict, recipe: dict, path: str) -> list[str]:
 
 def main() -> None:
     """Writes `train_flags.json` from the live parser (after a change of flags, or of TRL or transformers)."""
-    from ..rewards import REWARD_NAMES  # lazy, as the parser: both import TRL
     from .arguments import make_parser, run_defaults  # lazy: this is the one place that builds the parser
 
     table = table_of(make_parser(), run_defaults(), REWARD_NAMES)

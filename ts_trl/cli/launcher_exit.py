@@ -7,7 +7,8 @@ an interpreter whose command line names accelerate; `install()` acts in accelera
 ...`, `python -m accelerate.commands.launch ...`). There, when the launch ends in a refusal, the launcher exits 2 and
 prints nothing more, the worker having said why. A refusal is a worker's exit status 2 after a `prog: error: ...` line
 (the package's form, and argparse's); with several processes, the first to stop exited 2 and the others did too or
-were stopped by the launcher because of it. Every other failure keeps accelerate's traceback.
+were stopped by the launcher because of it (torch's notices of those stops are then dropped). Every other failure
+keeps accelerate's traceback, and those notices.
 `TS_TRL_ACCELERATE_EXIT=0` turns this off.
 """
 
@@ -41,23 +42,44 @@ def install() -> None:
     if os.environ.get(OFF_SWITCH, "1") == "0" or not is_launcher(sys.argv, sys.orig_argv):
         return
     previous = sys.excepthook
+    held = _HeldNotices()
 
     def excepthook(kind, error, traceback):
         if refused(error):
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             os._exit(REFUSAL_STATUS)  # the interpreter's own exit would be status 1; nothing is left to clean up
+        held.release()
         previous(kind, error, traceback)
 
     sys.excepthook = excepthook
-    # With several processes torch's elastic agent also logs the first failure (`failed (exitcode: 2) local_rank: 0
-    # ...`) before the launcher raises: for a refusal, a second line that says nothing the first did not.
-    logging.getLogger(_ELASTIC_LOGGER).addFilter(_not_a_refusal_exit)
+    logging.getLogger(_ELASTIC_LOGGER).addFilter(held)
 
 
-def _not_a_refusal_exit(record: logging.LogRecord) -> bool:
-    args = record.args if isinstance(record.args, tuple) else ()
-    return not (str(record.msg).startswith("failed (exitcode: %s)") and args[:1] == (REFUSAL_STATUS,))
+class _HeldNotices(logging.Filter):
+    """With several processes torch's elastic agent logs the end of a failed launch before the launcher raises: the
+    first failure (`failed (exitcode: 2) local_rank: 0 ...`) and the other ranks it stops (`Sending process ...
+    closing signal SIGTERM`). Held until the launch's end is known: dropped after a refusal (they say nothing its
+    line did not), logged before the traceback otherwise."""
+
+    _NOTICES = ("failed (exitcode: %s)", "Sending process %s closing signal %s")
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.releasing = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.releasing or not str(record.msg).startswith(self._NOTICES):
+            return True
+        self.records.append(record)
+        return False
+
+    def release(self) -> None:
+        self.releasing = True
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)
+        self.records.clear()
 
 
 def refused(error: BaseException) -> bool:

@@ -3,13 +3,12 @@ parser applies them, and `early` before TRL is imported, so both say the same.""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import json
 import os
 import re
 import sys
 from pathlib import Path
+
+from ..store.checkpoints import resume_problem
 
 # The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
 DATASET_KEYS = ("dataset_name", "dataset_path")
@@ -17,10 +16,8 @@ DATASET_KEYS = ("dataset_name", "dataset_path")
 SOURCE_KEYS = ("model_name_or_path", *DATASET_KEYS)
 _DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
 _TASK_ONLY_PREFIX = "embedded_"
-# transformers' checkpoint folders (`PREFIX_CHECKPOINT_DIR`), and the file it writes last into one
-# (`TRAINER_STATE_NAME`): tests/test_early.py checks that both are transformers'.
+# transformers' checkpoint folders (`PREFIX_CHECKPOINT_DIR`): tests/test_early.py checks that both find the same one.
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-TRAINER_STATE = "trainer_state.json"
 
 
 class ConfigError(ValueError):
@@ -46,47 +43,6 @@ def missing_settings(*, with_dataset: bool, model: str | None, reward_funcs, dat
     if dataset_path and not Path(dataset_path).expanduser().exists():
         problems.append(f"--dataset_path {dataset_path}: no such file or folder")
     return "; ".join(problems) + "." if problems else None
-
-
-def reward_module(path: str) -> tuple[str, str]:
-    """The module and the function a dotted reward path names: `pkg.mod:func`, or `pkg.mod.func`."""
-    module, _, function = path.rpartition(":") if ":" in path else path.rpartition(".")
-    return module, function
-
-
-def unknown_reward(name: str, known: list[str]) -> str:
-    return f"Unknown reward {name!r}; known rewards are {sorted(known)}, or give `pkg.mod:func`."
-
-
-def unimportable_reward(path: str, error: Exception) -> str:
-    return f"Cannot import reward function {path!r}: {error}"
-
-
-def reward_problems(names, known: list[str]) -> list[str]:
-    """Why `--reward_funcs` entries name no reward, one sentence each, as `rewards.get_reward_funcs` says it: a name
-    that is neither registered (`known`) nor a dotted path, or a dotted path whose top package is nowhere (on the
-    import path or in the working folder, which `get_reward_funcs` adds). A module that is found is not imported here:
-    a user's module may be slow or import torch; what it holds is checked when the run imports it."""
-    problems = []
-    for name in map(str, names if isinstance(names, list) else [names] if names else []):
-        if name in known:
-            continue
-        if "." not in name and ":" not in name:
-            problems.append(unknown_reward(name, known))
-            continue
-        top = reward_module(name)[0].partition(".")[0]
-        if top.isidentifier() and not _findable(top):
-            problems.append(unimportable_reward(name, ModuleNotFoundError(f"No module named {top!r}")))
-    return problems
-
-
-def _findable(package: str) -> bool:
-    """Whether importing the top-level `package` would find it, from the import path or the working folder."""
-    try:
-        spec = importlib.util.find_spec(package) or importlib.machinery.PathFinder.find_spec(package, [os.getcwd()])
-    except (ImportError, ValueError):  # `__main__`, whose spec may be None: left to the import
-        return True
-    return spec is not None
 
 
 def settings_of_other_data(given: set[str], with_dataset: bool) -> str | None:
@@ -150,38 +106,6 @@ def output_dir_problem(output_dir: Path, resume_from_checkpoint) -> str | None:
     if resume_from_checkpoint:
         return resume_problem(resume_from_checkpoint, output_dir)
     return earlier_run_problem(output_dir)
-
-
-def checkpoint_step(checkpoint: str | os.PathLike) -> int:
-    """The step a checkpoint folder was saved at: its trainer state's, else its name's."""
-    state = Path(checkpoint) / TRAINER_STATE
-    if state.exists():
-        return int(json.loads(state.read_text())["global_step"])
-    name = Path(checkpoint).name
-    if name.startswith("checkpoint-"):
-        return int(name.rsplit("-", 1)[1])
-    raise ValueError(f"{checkpoint} is not a checkpoint folder (no {TRAINER_STATE}, not named checkpoint-<step>).")
-
-
-def resume_problem(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> str | None:
-    """Why `checkpoint` cannot be resumed from: it does not exist, or is not a checkpoint folder (no trainer state,
-    which transformers writes last); the sentence names the checkpoints that do exist (None: it is one)."""
-    path = Path(checkpoint).expanduser()
-    if path.is_dir() and (path / TRAINER_STATE).is_file():
-        return None
-    problem = "does not exist" if not path.exists() else f"is not a checkpoint folder (it has no {TRAINER_STATE})"
-    # The checkpoints beside the one asked for, else those of this run's output_dir.
-    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path(output_dir)
-    found = sorted((p for p in folder.glob("checkpoint-*") if (p / TRAINER_STATE).is_file()), key=checkpoint_step)
-    existing = (
-        f"the checkpoints in {folder} are {', '.join(p.name for p in found)}"
-        if found
-        else f"{folder} holds no checkpoint"
-    )
-    return (
-        f"resume_from_checkpoint={str(checkpoint)!r} {problem}: {existing}. Pass one of those, or leave "
-        "resume_from_checkpoint unset to start a new run."
-    )
 
 
 def model_source_problem(name: str) -> str | None:

@@ -1,91 +1,79 @@
-"""Reward functions for the two domains of the paper, and a registry that maps names to them."""
+"""Reward functions for the two domains of the paper, and a registry that maps names to them (`registry.py`).
+
+This module itself imports nothing heavy: `ts_trl train` checks `--reward_funcs` names by its rules before TRL is
+imported (`reward_problems`), in the words `get_reward_funcs` uses. The functions are exported lazily.
+"""
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import importlib.machinery
+import importlib.util
 import os
-import sys
-from collections.abc import Callable
+from importlib import import_module
 
-from ..cli.refusals import reward_module, unimportable_reward, unknown_reward  # also said before TRL is imported
-from .code import code_reward, get_code_reward
-from .math import format_reward, math_reward
-
-REWARDS: dict[str, Callable] = {
-    "math": math_reward,
-    "format": format_reward,
-    "code": code_reward,
-    "binary_code": get_code_reward(mode="binary"),
-}
 # The built-in task's reward, imported on first use: `ts_trl.embedded` pulls in the tiny model's code.
 LAZY_REWARDS = {
     "embedded": "ts_trl.embedded.task:embedded_reward",
     "chat_add": "ts_trl.embedded.chat_add:chat_add_reward",
 }
-# In `ts_trl train`'s table of flags, so that names are checked before TRL is imported.
-REWARD_NAMES = sorted([*REWARDS, *LAZY_REWARDS])
+# Every registered name: `registry.REWARDS`' and `LAZY_REWARDS`' (tests/test_rewards.py checks them).
+REWARD_NAMES = sorted(["math", "format", "code", "binary_code", *LAZY_REWARDS])
+_EXPORTS = {
+    "REWARDS": "registry",
+    "get_reward_funcs": "registry",
+    "check_reward_columns": "registry",
+    "code_reward": "code",
+    "get_code_reward": "code",
+    "format_reward": "math",
+    "math_reward": "math",
+}
 
 
-def _import_callable(path: str) -> Callable:
-    module_name, attribute = reward_module(path)
-    try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(unimportable_reward(path, error)) from error
-    if not callable(function):
-        raise ValueError(f"Reward {path!r} is not callable")
-    return function
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)  # lazy: they import TRL
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def get_reward_funcs(names: list[str]) -> list[Callable]:
-    """The reward functions named by registry name (`REWARDS`, `embedded`) or dotted path (`pkg.mod:func`, `pkg.mod.func`).
-
-    Like TRL's scripts, a dotted path may name a module of the working directory.
-    """
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    functions = []
-    for name in names:
-        if name in REWARDS:
-            functions.append(REWARDS[name])
-        elif name in LAZY_REWARDS:
-            functions.append(_import_callable(LAZY_REWARDS[name]))
-        elif "." in name or ":" in name:
-            functions.append(_import_callable(name))
-        else:
-            raise ValueError(unknown_reward(name, REWARD_NAMES))
-    return functions
+def reward_module(path: str) -> tuple[str, str]:
+    """The module and the function a dotted reward path names: `pkg.mod:func`, or `pkg.mod.func`."""
+    module, _, function = path.rpartition(":") if ":" in path else path.rpartition(".")
+    return module, function
 
 
-def check_reward_columns(dataset, reward_funcs: list[Callable]) -> None:
-    """Fails early when a reward needs a column the data lacks (TRL passes every column to rewards as a keyword)."""
-    columns = set(getattr(dataset, "column_names", None) or [])
-    for function in reward_funcs:
-        try:
-            parameters = inspect.signature(function).parameters.values()
-        except (TypeError, ValueError):
+def unknown_reward(name: str, known: list[str]) -> str:
+    return f"Unknown reward {name!r}; known rewards are {sorted(known)}, or give `pkg.mod:func`."
+
+
+def unimportable_reward(path: str, error: Exception) -> str:
+    return f"Cannot import reward function {path!r}: {error}"
+
+
+def reward_problems(names, known: list[str]) -> list[str]:
+    """Why `--reward_funcs` entries name no reward, one sentence each, as `rewards.get_reward_funcs` says it: a name
+    that is neither registered (`known`) nor a dotted path, or a dotted path whose top package is nowhere (on the
+    import path or in the working folder, which `get_reward_funcs` adds). A module that is found is not imported here:
+    a user's module may be slow or import torch; what it holds is checked when the run imports it."""
+    problems = []
+    for name in map(str, names if isinstance(names, list) else [names] if names else []):
+        if name in known:
             continue
-        for parameter in parameters:
-            required = parameter.default is inspect.Parameter.empty and parameter.kind in (
-                parameter.POSITIONAL_OR_KEYWORD,
-                parameter.KEYWORD_ONLY,
-            )
-            if required and parameter.name not in {"completions", "prompts", "completion_ids"} | columns:
-                name = getattr(function, "__name__", repr(function))
-                raise ValueError(
-                    f"Reward {name} needs a column {parameter.name!r}, the data has {sorted(columns)}. Name the right "
-                    "one with --answer_column (or --domain code for tests)."
-                )
+        if "." not in name and ":" not in name:
+            problems.append(unknown_reward(name, known))
+            continue
+        top = reward_module(name)[0].partition(".")[0]
+        if top.isidentifier() and not _findable(top):
+            problems.append(unimportable_reward(name, ModuleNotFoundError(f"No module named {top!r}")))
+    return problems
 
 
-__all__ = [
-    "REWARDS",
-    "REWARD_NAMES",
-    "check_reward_columns",
-    "code_reward",
-    "format_reward",
-    "get_code_reward",
-    "get_reward_funcs",
-    "math_reward",
-]
+def _findable(package: str) -> bool:
+    """Whether importing the top-level `package` would find it, from the import path or the working folder."""
+    try:
+        spec = importlib.util.find_spec(package) or importlib.machinery.PathFinder.find_spec(package, [os.getcwd()])
+    except (ImportError, ValueError):  # `__main__`, whose spec may be None: left to the import
+        return True
+    return spec is not None
+
+
+__all__ = ["LAZY_REWARDS", "REWARD_NAMES", "reward_problems", *_EXPORTS]

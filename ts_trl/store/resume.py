@@ -31,7 +31,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from ..cli.refusals import checkpoint_step, resume_problem
+from .checkpoints import checkpoint_step, resume_problem
 
 logger = logging.getLogger(__name__)
 
