@@ -12,10 +12,10 @@ import pytest
 from ts_trl.cli.arguments import make_parser, parse_args, run_defaults
 from ts_trl.cli.early import input_problems, read_recipe, rule_values, run_kind
 from ts_trl.cli.flag_table import SHIPPED_TABLE, load_table, table_of
-from ts_trl.cli.refusals import ConfigError, last_checkpoint
+from ts_trl.cli.refusals import ConfigError
 from ts_trl.method.settings import RULE_FIELDS
 from ts_trl.rewards import REWARD_NAMES, get_reward_funcs
-from ts_trl.store.checkpoints import TRAINER_STATE
+from ts_trl.store.checkpoints import TRAINER_STATE, last_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "trl")

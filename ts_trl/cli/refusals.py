@@ -4,11 +4,10 @@ parser applies them, and `early` before TRL is imported, so both say the same.""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
-from ..store.checkpoints import resume_problem
+from ..store.checkpoints import last_checkpoint, resume_problem
 
 # The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
 DATASET_KEYS = ("dataset_name", "dataset_path")
@@ -16,8 +15,6 @@ DATASET_KEYS = ("dataset_name", "dataset_path")
 SOURCE_KEYS = ("model_name_or_path", *DATASET_KEYS)
 _DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
 _TASK_ONLY_PREFIX = "embedded_"
-# transformers' checkpoint folders (`PREFIX_CHECKPOINT_DIR`): tests/test_early.py checks that both find the same one.
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 class ConfigError(ValueError):
@@ -67,16 +64,6 @@ def settings_of_other_data(given: set[str], with_dataset: bool) -> str | None:
 
 def _flag_list(keys: list[str]) -> str:
     return ", ".join(f"--{key}" for key in keys)
-
-
-def last_checkpoint(folder: Path) -> Path | None:
-    """The `checkpoint-N` folder of `folder` with the largest N, as transformers' `get_last_checkpoint` finds it."""
-    steps = {}
-    for child in folder.iterdir():
-        match = _CHECKPOINT.match(child.name)
-        if match and child.is_dir():
-            steps[int(match.group(1))] = child
-    return steps[max(steps)] if steps else None
 
 
 def earlier_run_problem(output_dir: Path) -> str | None:

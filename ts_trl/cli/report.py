@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..embedded import pass_at_1
 from ..embedded.agent import AgentTask, agent_pass_at_1
 from ..embedded.curve import PASS_AT_1_METRIC
 from ..embedded.tasks import task_reward
+from ..store.checkpoints import checkpoint_folders
 from ..store.format import SEEDS_DIR, SeedManifest
 
 # Seeding metrics that the report averages over the run (TRL logs a window mean at every logging step).
@@ -81,13 +81,8 @@ def seed_statistics(trainer) -> dict:
 def last_checkpoint_of_run(trainer) -> str | None:
     """The newest checkpoint this run saved, at or before its last step (a folder may hold later, stale ones)."""
     output_dir = Path(trainer.args.output_dir)
-    steps = [
-        int(path.name.rsplit("-", 1)[1])
-        for path in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
-        if path.name.rsplit("-", 1)[1].isdigit() and (path / "trainer_state.json").is_file()
-    ]
-    steps = [step for step in steps if step <= trainer.state.global_step]
-    return str(output_dir / f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
+    saved = [path for step, path in checkpoint_folders(output_dir, complete=True) if step <= trainer.state.global_step]
+    return str(saved[-1]) if saved else None
 
 
 def format_report(report: dict, title: str) -> str:

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from transformers.trainer import FSDP_MODEL_NAME, TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import (
     ADAPTER_SAFE_WEIGHTS_NAME,
     ADAPTER_WEIGHTS_NAME,
@@ -31,7 +29,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from .checkpoints import checkpoint_step, resume_problem
+from .checkpoints import checkpoint_folders, checkpoint_step, resume_problem
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +57,8 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str:
     Transformers writes `trainer_state.json` last, so a folder without it is a save that a crash cut short (often
     empty): it is passed over with a warning that names it, rather than resumed from.
     """
-    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    folders = sorted(
-        (int(match.group(1)), path)
-        for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
-        if (match := pattern.match(path.name)) and path.is_dir()
-    )
-    complete = [path for _, path in folders if (path / TRAINER_STATE_NAME).is_file()]
+    folders = checkpoint_folders(output_dir)
+    complete = [path for _, path in checkpoint_folders(output_dir, complete=True)]
     if not complete:
         raise ValueError(f"No complete checkpoint found in output_dir={str(output_dir)!r} to resume from.")
     skipped = [path.name for step, path in folders if step > checkpoint_step(complete[-1])]
