@@ -113,6 +113,15 @@ class SeedGRPOConfig(GRPOConfig):
         success_threshold (`float`, *optional*, defaults to `0.0`):
             A rollout succeeded when its `success_reward` is strictly greater than this.
 
+        > Parameters that control the training forward
+
+        shared_prefix (`bool`, *optional*, defaults to `True`):
+            Rows of a micro-batch with the same prompt compute the prompt and their common start (the seed prefix of
+            a seeded group) once, in one packed forward with a block mask; the log-probs, entropies and gradients are
+            the unshared path's up to float rounding (docs/performance.md). `False`: TRL's row-by-row forward. Where
+            packing cannot be exact (vision inputs, MoE router loss, flash/flex attention, sliding windows) TRL's path
+            runs anyway, with one warning.
+
         > Parameters that control the seed dataset on the Hub
 
         push_seeds_to_hub (`bool`, *optional*, defaults to `False`):
@@ -197,6 +206,9 @@ class SeedGRPOConfig(GRPOConfig):
         default=0.0, metadata={"help": "A rollout succeeded when its success_reward is strictly above this."}
     )
 
+    shared_prefix: bool = field(
+        default=True, metadata={"help": "Compute a group's shared prompt and seed prefix once in the training pass."}
+    )
     push_seeds_to_hub: bool = field(
         default=False,
         metadata={"help": "Upload each checkpoint's seed shard to a Hub dataset repo, in the background."},

@@ -20,6 +20,7 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
   collective call (vLLM server, tensor-parallel colocate, ZeRO-3, FSDP) every rank takes part in every tool-loop
   turn (`_even_tool_turn`).
 - `_calculate_rewards`: keeps the gathered rewards in the batch record.
+- `_get_per_token_logps_and_entropies` (`shared_prefix.SharedPrefixForward`): a group's shared tokens computed once.
 - `_compute_loss`: weights old tokens by a truncated importance ratio, and keeps the training forward's log-probs as
   behaviour log-probs when the backend returned none (no extra forward pass).
 - `__init__`: refuses bad input before any generation (`checks.py`), and a run whose epochs could never seed
@@ -76,10 +77,11 @@ from .seed_batch import (
 )
 from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
+from .shared_prefix import SharedPrefixForward
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
 
 
-class SeedGRPOTrainer(GRPOTrainer):
+class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
     """GRPO with Thinking Seeds: a share of prompt groups continue, with the current policy, from a cut earlier rollout.
 
     The only changes w.r.t. `GRPOTrainer` are the hooks listed in this module's docstring: the splice of a seed
@@ -156,6 +158,8 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _make_seed_store(self) -> SeedStore:
         """The run's seed store, with the seeds of `seed_dataset` read on every rank (`external_seeds.py`)."""
         success_reward, tokenizer = self.reward_func_names[self._success_index], self._tokenizer
+        # With tools or environments, text seeds are rendered as agent trajectories, the way TRL renders turns.
+        turns = TurnTemplate(tokenizer, self._get_tool_suffix_ids, self.chat_template, self.chat_template_kwargs)
         external = read_external_seeds_on_every_rank(
             ExternalSeedSettings.of(self.args),
             self.accelerator,
@@ -165,17 +169,11 @@ class SeedGRPOTrainer(GRPOTrainer):
             self.reward_funcs,
             self.reward_func_names,
             success_reward,
-            template=self._turn_template(),
+            template=turns if self.tools else None,
         )
         settings, metrics = StoreSettings.of(self.args, use_vllm=self.use_vllm), self._metrics["train"]
         names = self.reward_func_names
         return SeedStore(settings, self.accelerator, self.model, tokenizer, names, success_reward, metrics, external)
-
-    def _turn_template(self) -> TurnTemplate | None:
-        """With tools or environments, how TRL renders turns: text seeds are then rendered as agent trajectories."""
-        if not self.tools:
-            return None
-        return TurnTemplate(self._tokenizer, self._get_tool_suffix_ids, self.chat_template, self.chat_template_kwargs)
 
     @property
     def seed_bank(self):

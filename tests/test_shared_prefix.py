@@ -1,0 +1,178 @@
+"""The shared-prefix forward (ts_trl/trainer/shared_prefix.py): the same log-probs, entropies, losses and gradients as
+TRL's row-by-row forward, checked on the packed layout, on one forward, and through `trainer.train()`."""
+
+import logging
+
+import pytest
+import torch
+
+from tests.conftest import logged
+from ts_trl.trainer.shared_prefix import pack_rows, unpack
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _batch(vocab: int, seed: int = 0):
+    """Two groups of four rows: group 0 shares 3 completion tokens (a seed prefix), group 1 two, under a left-padded
+    prompt; two rows end early (right padding)."""
+    g = torch.Generator().manual_seed(seed)
+    B, P, C = 8, 6, 10
+    prompt = torch.randint(3, vocab, (2, P), generator=g).repeat_interleave(4, 0)
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[4:, :2] = 0
+    completion = torch.randint(3, vocab, (B, C), generator=g)
+    completion[:4, :3] = completion[0, :3]
+    completion[4:, :2] = completion[4, :2]
+    completion_mask = torch.ones(B, C, dtype=torch.long)
+    completion_mask[1, 7:] = 0
+    completion_mask[5, 4:] = 0
+    return torch.cat([prompt, completion], 1), torch.cat([prompt_mask, completion_mask], 1), C
+
+
+def test_pack_rows_computes_each_group_prefix_once():
+    ids, mask, C = _batch(50)
+    packed = pack_rows(ids, mask, C)
+    # group 0: 6 prompt + 3 shared; group 1: 4 real prompt + 2 shared; each row: a copy of the last shared token and
+    # its own real tokens
+    own = [7 + 1, 4 + 1, 7 + 1, 7 + 1, 8 + 1, 2 + 1, 8 + 1, 8 + 1]
+    assert packed.tokens == 9 + 6 + sum(own)
+    assert packed.unshared_tokens == 8 * 16
+    # every completion token is predicted by a packed token holding the token before it, at the same position
+    for row in range(8):
+        for t in range(C):
+            index = packed.source[row, t].item()
+            if mask[row, 6 + t] == 0:
+                assert index == packed.tokens
+                continue
+            assert packed.input_ids[0, index] == ids[row, 5 + t]
+            assert packed.position_ids[0, index] == 5 + t
+            assert packed.shift_labels[0, index] == ids[row, 6 + t]
+    # rows of group 0 read their prefix tokens from the same packed positions
+    assert packed.source[0, :3].tolist() == packed.source[3, :3].tolist()
+    # a row never sees another row's own tokens, nor another group's
+    visible = packed.visible
+    first_own = packed.source[0, 4].item()
+    second_own = packed.source[2, 4].item()
+    assert not visible[second_own, first_own] and not visible[first_own, second_own]
+    assert not visible[packed.source[4, 0], packed.source[0, 0]]
+    assert unpack(torch.arange(packed.tokens)[None].float(), packed)[1, 7:].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
+    ids, mask, C = _batch(50)
+    right_padded_prompt = mask.clone()
+    right_padded_prompt[0, 5] = 0
+    assert "left-padded" in pack_rows(ids, right_padded_prompt, C)
+    gap = mask.clone()
+    gap[0, 8] = 0
+    assert "after a masked one" in pack_rows(ids, gap, C)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, attention):
+    trainer = make_trainer(max_steps=1, seed_fraction=0.0)
+    model = trainer.model
+    model.set_attn_implementation(attention)
+    model.train()
+    ids, mask, C = _batch(model.config.vocab_size)
+    weights = torch.randn(ids.shape[0], C, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for shared in (True, False):
+        trainer.args.shared_prefix = shared
+        model.zero_grad()
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, C, compute_entropy=True)
+        (logps * weights).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        results[shared] = logps.detach(), entropies, grads
+    (shared_logps, shared_entropies, shared_grads), (logps, entropies, grads) = results[True], results[False]
+    torch.testing.assert_close(shared_logps, logps, **TOL)
+    torch.testing.assert_close(shared_entropies, entropies, **TOL)
+    for name, grad in grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, **TOL, msg=name)
+    assert logged_share(trainer) < 1.0
+
+
+def logged_share(trainer) -> float:
+    return trainer._metrics["train"]["shared_prefix/token_share"][-1]
+
+
+def _train(make_trainer, tmp_path, name, shared, **settings):
+    trainer = make_trainer(shared_prefix=shared, output_dir=str(tmp_path / name), **settings)
+    trainer.train()
+    return trainer
+
+
+TRAININGS = {
+    "state-seeded": dict(prefix_mode="state"),
+    "action-seeded": dict(prefix_mode="action"),
+    "plain": dict(seed_fraction=0.0),
+    "iterations": dict(num_iterations=2, steps_per_generation=2, per_device_train_batch_size=4),
+    "kl": dict(beta=0.1),
+    "dapo": dict(loss_type="dapo"),
+    "dr_grpo": dict(loss_type="dr_grpo"),
+    "bnpo": dict(loss_type="bnpo"),
+    "grpo": dict(loss_type="grpo"),
+    "sequence-is": dict(importance_sampling_level="sequence", num_iterations=2),
+}
+
+
+@pytest.mark.parametrize("case", list(TRAININGS))
+def test_training_with_and_without_sharing_is_the_same(make_trainer, tmp_path, case):
+    """Per-step losses and logged metrics and the final parameters agree (fp32) with the switch on and off."""
+    settings = {"max_steps": 4, "save_steps": 2, **TRAININGS[case]}
+    on = _train(make_trainer, tmp_path, "on", True, **settings)
+    off = _train(make_trainer, tmp_path, "off", False, **settings)
+    assert logged(on, "shared_prefix/token_share"), "the shared forward never ran"
+    assert all(share < 1.0 for share in logged(on, "shared_prefix/token_share"))
+    for key in ("loss", "entropy", "rewards/count_reward/mean", "completions/mean_length", "seeds/seeded_groups"):
+        assert logged(on, key) == pytest.approx(logged(off, key), rel=1e-4, abs=1e-6), key
+    for (name, a), (_, b) in zip(on.model.named_parameters(), off.model.named_parameters()):
+        torch.testing.assert_close(a, b, **TOL, msg=name)
+
+
+def test_lora_training_with_and_without_sharing_is_the_same(make_trainer, tmp_path):
+    from peft import LoraConfig
+
+    from tests.conftest import build_tiny_model, build_tokenizer, count_reward, tiny_prompts
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+
+    trainers = {}
+    for shared in (True, False):
+        args = SeedGRPOConfig(
+            output_dir=str(tmp_path / str(shared)), per_device_train_batch_size=8, num_generations=4,
+            max_completion_length=12, max_steps=4, save_steps=2, logging_steps=1, learning_rate=1e-3, report_to=[],
+            use_cpu=True, seed=0, seed_fraction=1.0, disable_tqdm=True, shared_prefix=shared,
+        )  # fmt: skip
+        tokenizer = build_tokenizer()
+        trainer = SeedGRPOTrainer(
+            model=build_tiny_model(tokenizer), reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(),
+            processing_class=tokenizer, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+        )  # fmt: skip
+        trainer.train()
+        trainers[shared] = trainer
+    assert logged(trainers[True], "loss") == pytest.approx(logged(trainers[False], "loss"), rel=1e-4, abs=1e-6)
+    for (name, a), (_, b) in zip(trainers[True].model.named_parameters(), trainers[False].model.named_parameters()):
+        torch.testing.assert_close(a, b, **TOL, msg=name)
+
+
+def test_where_packing_cannot_be_exact_the_trl_forward_runs_with_one_warning(make_trainer, caplog):
+    trainer = make_trainer(max_steps=1, seed_fraction=0.0)
+    model = trainer.model
+    ids, mask, C = _batch(model.config.vocab_size)
+    trainer.args.shared_prefix = False
+    reference, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, C)
+    trainer.args.shared_prefix = True
+    before = len(trainer._metrics["train"]["shared_prefix/token_share"])
+    with caplog.at_level(logging.WARNING, logger="ts_trl.trainer.shared_prefix"):
+        for _ in range(2):  # warned once per reason
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, C, token_type_ids=ids * 0)
+        torch.testing.assert_close(logps, reference)
+        model.config._attn_implementation = "flash_attention_2"  # read only, never run: the check comes first
+        trainer._get_per_token_logps_and_entropies(model, ids, mask, C)
+        model.config._attn_implementation = "sdpa"
+        distinct = torch.cat([ids[:1], ids[4:5]])  # one unpadded row per prompt: nothing to share
+        trainer._get_per_token_logps_and_entropies(model, distinct, torch.ones_like(distinct), C)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3, warnings
+    assert "token-type" in warnings[0] and "flash_attention_2" in warnings[1] and "no tokens are shared" in warnings[2]
+    assert len(trainer._metrics["train"]["shared_prefix/token_share"]) == before
