@@ -10,6 +10,7 @@ show (NCCL weight transfer, sleep mode, tensor parallelism) stays with the fakes
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; without it vLLM asks for most of the machine's memory
 
@@ -98,17 +99,17 @@ def vllm_config(output_dir, **overrides):
     return real_model_config(output_dir, **settings)
 
 
-def train(smollm2, engines, args, peft=True):
+def train(smollm2, engines, args, peft=True, repeats=1, resume=None):
     """Builds the trainer (on the shared engine), trains it; returns it with the engine's record of the run."""
     trainer = SeedGRPOTrainer(
         model=smollm2,
         reward_funcs=lines_reward,
         args=args,
-        train_dataset=chat_prompts(),
+        train_dataset=chat_prompts(repeats),
         peft_config=lora() if peft else None,
     )
     record = record_of(engines, trainer)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return trainer, record
 
 
@@ -160,10 +161,10 @@ def test_the_engine_generates_with_the_trained_lora_weights(smollm2, engines, tm
     trainer, _ = train(smollm2, engines, vllm_config(tmp_path, max_steps=3))
     trainer.vllm_generation.sync_weights()  # what TRL does before the next step's generation
     tokenizer = trainer.processing_class
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Name two colours."}], add_generation_prompt=True, tokenize=True
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name two colours."}], add_generation_prompt=True, tokenize=False
     )
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     params = vllm.SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)
     (output,) = trainer.vllm_generation.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     (completion,) = output.outputs
@@ -180,3 +181,42 @@ def test_the_engine_generates_with_the_trained_lora_weights(smollm2, engines, tm
     base = logprobs_of(AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval())
     assert torch.allclose(engine, trained, atol=2e-3), (engine, trained)
     assert (engine - base).abs().max() > 10 * (engine - trained).abs().max(), (engine, trained, base)
+
+
+LATE_KEYS = ("loss", "grad_norm", "reward", "seeds/seeded_group_share", "seeds/prefix_tokens", "num_tokens")
+
+
+def late_steps(trainer, after: int = 0):
+    return {
+        h["step"]: [h[key] for key in LATE_KEYS]
+        for h in trainer.state.log_history
+        if "loss" in h and h["step"] > after
+    }
+
+
+def test_resume_on_the_real_engine_is_exact(smollm2, engines, tmp_path):
+    """Resumed from checkpoint-2, steps 3 and 4 sample, seed and train as the uninterrupted run did: vLLM's sampler
+    draws from torch's generator, whose state the checkpoint restores, and TRL loads the resumed weights into the
+    engine before its first generation."""
+    trainer, _ = train(smollm2, engines, vllm_config(tmp_path / "run"), repeats=4)
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run", resumed_dir, ignore=shutil.ignore_patterns("checkpoint-4", ".ts_trl.running"))
+    resumed, _ = train(smollm2, engines, vllm_config(resumed_dir), repeats=4, resume=str(resumed_dir / "checkpoint-2"))
+    assert late_steps(resumed, 2) == late_steps(trainer, 2) and len(late_steps(trainer, 2)) == 2
+    assert any(late_steps(trainer, 2)[step][3] > 0 for step in (3, 4)), "the resumed steps should seed"
+
+
+def test_prefix_caching_on_and_off_train_alike(smollm2, engines, tmp_path):
+    """vLLM caches the KV of a seeded group's shared prompt + prefix (on by default); an engine without the cache
+    samples the same tokens, and the run logs the same losses."""
+    uncached = {**ENGINE, "enable_prefix_caching": False}
+    on, on_record = train(smollm2, engines, vllm_config(tmp_path / "on", max_steps=3))
+    off, off_record = train(smollm2, engines, vllm_config(tmp_path / "off", max_steps=3, vllm_engine_kwargs=uncached))
+    assert off.vllm_generation.llm is not on.vllm_generation.llm
+    assert [e["completion"] for e in on_record.entries] == [e["completion"] for e in off_record.entries]
+    assert [e["max_tokens"] for e in on_record.entries] == [e["max_tokens"] for e in off_record.entries]
+    assert any(e["max_tokens"] < BUDGET for e in on_record.entries), "nothing was seeded"
+    for a, b in zip(on_record.entries, off_record.entries):
+        np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-4)
+    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (on, off)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4, atol=1e-6)
