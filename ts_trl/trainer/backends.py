@@ -101,7 +101,7 @@ def colocated_engine_kwargs(args):
     if not (kwargs and args.use_vllm and args.vllm_mode == "colocate"):
         yield
         return
-    from trl.generation import vllm_generation  # imports vLLM itself only where TRL finds it installed
+    from trl.generation import vllm_generation  # lazy: imports vLLM where TRL finds it installed
 
     if not hasattr(vllm_generation, "LLM"):
         raise ImportError("use_vllm=True needs vLLM: pip install vllm (on CPU: docs/vllm-cpu.md).")
@@ -162,7 +162,7 @@ class SeededBackend:
         self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `generating_model`
         self._server_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
         if trainer.use_vllm and trainer.vllm_mode == "colocate":
-            from vllm.platforms import current_platform  # vLLM is installed: TRL built its engine
+            from vllm.platforms import current_platform  # lazy: vLLM, installed (TRL built its engine)
 
             if current_platform.is_cpu():
                 trainer.vllm_generation.sync_weights = weight_sync_by_reload(trainer.vllm_generation)
