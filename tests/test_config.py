@@ -44,3 +44,14 @@ def test_bad_target_cut_settings_name_the_fix_in_one_line(tmp_path, settings, fi
         SeedGRPOConfig(output_dir=str(tmp_path), use_cpu=True, **settings)
     assert "\n" not in str(error.value)
     SeedGRPOConfig(output_dir=str(tmp_path), use_cpu=True, seed_method="replay", seed_trigger="zero_std")  # fine
+
+
+def test_vllm_engine_kwargs_parse_from_json_and_are_refused_in_server_mode(tmp_path):
+    """`--vllm_engine_kwargs '{"enforce_eager": true}'` reaches the colocated engine as a dict (tests/test_vllm_real.py
+    builds the real engine with it); a vLLM server takes its settings on its own command line, so server mode refuses."""
+    args = SeedGRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="colocate",
+                          vllm_engine_kwargs='{"enforce_eager": true, "dtype": "float32"}')  # fmt: skip
+    assert args.vllm_engine_kwargs == {"enforce_eager": True, "dtype": "float32"}
+    with pytest.raises(ValueError, match=r"vllm_engine_kwargs=.*vllm_mode='colocate'.*server's command line"):
+        SeedGRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="server",
+                       vllm_engine_kwargs={"enforce_eager": True})  # fmt: skip

@@ -41,6 +41,15 @@ def test_ci_runs_the_readmes_real_model_command_verbatim():
     assert install_and_test in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+def test_ci_runs_the_readmes_vllm_command_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## vLLM on CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    (command,) = block.splitlines()
+    assert ".ci/vllm-cpu-env" in command and "-m vllm" in command
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert (ROOT / ".ci" / "vllm-cpu-env").stat().st_mode & 0o111  # executable, as the command runs it
+
+
 def test_every_imported_package_is_a_declared_dependency():
     """What ts_trl imports at any depth is the standard library, ts_trl itself, or in pyproject's dependencies."""
     import ast

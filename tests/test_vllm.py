@@ -8,8 +8,13 @@ packed broadcast, all vLLM imports) are replaced by `FakeWeightReceiver`, and `i
 server info, world size, the weight-sync handshake, prefix-cache resets, the completions request and the parsing of
 its answer) runs as in training on a GPU.
 
-Still untested without a GPU and vLLM: the NCCL rendezvous and broadcast of the weights, vLLM's own sampling and log-
-probs, its request validation beyond the context-length check, sleep mode and tensor-parallel colocate.
+A real vLLM engine on CPU runs in tests/test_vllm_real.py (marker `vllm`, in the virtualenv of .ci/vllm-cpu-env):
+vLLM's own sampling, log-probs, request validation, prefix cache and weight loading. These fakes stay for what that
+engine cannot show or the default suite cannot afford: the NCCL weight transfer of server mode (TRL's client refuses a
+non-CUDA device, so only a fake receiver lets the handshake and streamed names be checked), several ranks sharing one
+server, and a deterministic engine whose every log-prob is known (`rule_logprob`), so that budgets and log-probs are
+checked exactly in the default suite, without vLLM's 4 GB install. Still untested anywhere here: the NCCL rendezvous
+and broadcast themselves, sleep mode and tensor-parallel colocate.
 """
 
 import json
@@ -101,6 +106,7 @@ CASES = [
 ]
 
 
+# A fake server: TRL's weight transfer to a server is NCCL only, so no CPU server could take the weight sync.
 @pytest.mark.parametrize("settings", CASES)
 def test_server_mode_sends_spliced_prompts_with_their_budgets(settings, vllm_server, make_trainer):
     trainer = make_trainer(use_vllm=True, vllm_mode="server", vllm_server_base_url=vllm_server.endpoint, **settings)
@@ -137,6 +143,7 @@ def _check_server(server, tokenizer, output_dir, steps, settings) -> list[dict]:
     return rows
 
 
+# A fake server: two ranks on CPU, with the NCCL weight transfer replaced as above.
 def test_server_mode_on_two_ranks_budgets_every_ranks_rows(vllm_server, tokenizer, tmp_path):
     """The main process sends the prompts of both ranks; each must carry the budget of its own rank's cut, also at
     steps where the main process itself has nothing seeded."""
@@ -159,7 +166,8 @@ def test_server_mode_on_two_ranks_budgets_every_ranks_rows(vllm_server, tokenize
     assert any(not ranks.get(0) and ranks.get(1) for ranks in by_step.values()), by_step
 
 
-# Unseeded colocate is TRL's own path: the server case covers it.
+# A fake engine: exact log-probs and the target-cut switches in the default suite (the real engine's run is in
+# tests/test_vllm_real.py). Unseeded colocate is TRL's own path: the server case covers it.
 @pytest.mark.parametrize("settings", [case for case in CASES if case.id != "unseeded"])
 def test_colocate_mode_sends_spliced_prompts_with_their_budgets(settings, fake_llm, make_trainer):
     trainer = make_trainer(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=MAX_MODEL_LEN, **settings)
@@ -178,6 +186,7 @@ def test_colocate_mode_sends_spliced_prompts_with_their_budgets(settings, fake_l
         assert_target_cuts(trainer)
 
 
+# A fake engine: the refusal comes before training, from the engine's max_model_len alone.
 def test_colocate_mode_refuses_prompts_the_engine_cannot_hold_before_training(fake_llm, make_trainer):
     with pytest.raises(
         ValueError, match=r"exceeds the vLLM engine's max_model_len=18\. .*raise vllm_max_model_length"

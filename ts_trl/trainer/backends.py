@@ -94,6 +94,40 @@ def requests_per_budget(generate: Callable, prefix_lens, max_completion_length: 
 
 
 @contextlib.contextmanager
+def colocated_engine_kwargs(args):
+    """While TRL builds its colocated `vllm.LLM`, hands it `args.vllm_engine_kwargs` too (TRL's `GRPOConfig` has no
+    field for vLLM's other engine arguments, such as `enforce_eager`)."""
+    kwargs = getattr(args, "vllm_engine_kwargs", None)
+    if not (kwargs and args.use_vllm and args.vllm_mode == "colocate"):
+        yield
+        return
+    from trl.generation import vllm_generation  # lazy: imports vLLM where TRL finds it installed
+
+    if not hasattr(vllm_generation, "LLM"):
+        raise ImportError("use_vllm=True needs vLLM: pip install vllm (on CPU: docs/vllm-cpu.md).")
+    with replaced(vllm_generation, "LLM", functools.partial(vllm_generation.LLM, **kwargs)):
+        yield
+
+
+def weight_sync_by_reload(generation) -> Callable[[], None]:
+    """TRL's colocated weight sync (`VLLMGeneration.sync_weights`) through vLLM's in-place `reload_weights`.
+
+    TRL loads each parameter with the model's `load_weights`, into the layers as vLLM loaded them. vLLM's CPU backend
+    repacks every linear layer's weight for its GEMM kernels after loading and drops the original (vLLM 0.31,
+    `dispatch_cpu_unquantized_gemm`), so that load fails with "'Parameter' object has no attribute 'weight_loader'".
+    `reload_weights` restores the layers' loading form, loads the same parameters (TRL's own iterator: the merged
+    adapter under vLLM's names) and repacks them.
+    """
+
+    def sync_weights():
+        runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.reload_weights(weights_iterator=generation._iter_named_params())
+        generation.llm.reset_prefix_cache()
+
+    return sync_weights
+
+
+@contextlib.contextmanager
 def replaced(owner, name: str, replacement):
     """Sets `owner.<name>` (or `owner[name]` for a mapping) to `replacement` for the duration, then puts back exactly
     what was there: the same object, or nothing when `owner` itself did not hold one (a class attribute stays)."""
@@ -127,6 +161,11 @@ class SeededBackend:
         self.trainer = trainer
         self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `generating_model`
         self._server_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
+        if trainer.use_vllm and trainer.vllm_mode == "colocate":
+            from vllm.platforms import current_platform  # lazy: vLLM, installed (TRL built its engine)
+
+            if current_platform.is_cpu():
+                trainer.vllm_generation.sync_weights = weight_sync_by_reload(trainer.vllm_generation)
 
     @property
     def forces_prefixes(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers.utils import is_torch_bf16_gpu_available
@@ -135,7 +136,16 @@ class SeedGRPOConfig(GRPOConfig):
         card_license (`str`, *optional*, defaults to `"other"`):
             License in the model card and the seed dataset card (a Hub license id such as `apache-2.0`); `other`
             means the base model's and the training data's terms apply.
+
+        > Parameters that control the colocated vLLM engine
+
+        vllm_engine_kwargs (`dict` or `str`, *optional*):
+            Further keyword arguments for the `vllm.LLM` that TRL builds in `vllm_mode="colocate"` (a dict, or its
+            JSON on the command line), e.g. `{"enforce_eager": true}`: on CPU, vLLM compiles the model for minutes
+            without it (docs/vllm-cpu.md). A vLLM server takes its settings on its own command line.
     """
+
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["vllm_engine_kwargs"]  # JSON strings parsed into dicts
 
     seed_method: str = _choice(
         "seeds", SEED_METHODS, "'none' (plain GRPO), 'seeds' (Thinking Seeds), 'replay' (off-policy baseline)."
@@ -226,6 +236,14 @@ class SeedGRPOConfig(GRPOConfig):
         default="other", metadata={"help": "License id of the model and seed dataset cards ('other': the base's)."}
     )
 
+    vllm_engine_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Further keyword arguments (JSON) for the vllm.LLM of vllm_mode='colocate', e.g. "
+            "'{\"enforce_eager\": true}' (on CPU: no minutes of compilation)."
+        },
+    )
+
     def __post_init__(self):
         # The seeding fields first: a bad one is then reported as itself, not hidden behind whatever TRL or
         # transformers find wrong with the rest of the setup (e.g. bf16 requested on a CPU-only machine).
@@ -252,6 +270,11 @@ class SeedGRPOConfig(GRPOConfig):
                     "whose '<hub_model_id>-seeds' is then used)."
                 )
             self.hub_seed_dataset_id = f"{self.hub_model_id}-seeds"
+        if self.vllm_engine_kwargs and self.use_vllm and self.vllm_mode != "colocate":
+            raise ValueError(
+                f"vllm_engine_kwargs={self.vllm_engine_kwargs} applies to the engine TRL builds in vllm_mode='colocate'; "
+                f"in vllm_mode={self.vllm_mode!r} pass those settings on the vLLM server's command line instead."
+            )
 
     def _validate_seeding(self) -> None:
         """Checks the fields this class adds, using only values the user set (nothing TRL derives later), by the rules

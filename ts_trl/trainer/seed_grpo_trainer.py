@@ -59,7 +59,7 @@ from ..store.schema import tokenizer_fingerprint
 from ..store.seed_store import SeedSnapshotCallback, SeedStore, StoreSettings
 from ..tiny import save_base_for_adapter
 from .agentic import ToolLoopSeeds, tool_call_markup_ids
-from .backends import SeededBackend, replaced
+from .backends import SeededBackend, colocated_engine_kwargs, replaced
 from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .model_card import model_card_for
@@ -113,7 +113,7 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
         schedule = check_seeding(args, train_dataset, refuse=chosen)  # before any model work: no seeding, no run
         # TRL validates its own arguments first, so a real mistake (no train_dataset, no max_steps for an iterable
         # dataset) is reported as itself rather than hidden behind the refusals below.
-        with loadable_by_path(model, needed=args.beta != 0.0), trl_notices_hidden():
+        with loadable_by_path(model, needed=args.beta != 0.0), trl_notices_hidden(), colocated_engine_kwargs(args):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         self.backend = SeededBackend(self)
         self.tool_loop = ToolLoopSeeds(self)
