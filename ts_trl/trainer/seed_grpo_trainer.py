@@ -76,6 +76,7 @@ from .seed_batch import (
 )
 from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
+from .trace_scores import success_scorer
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
 
 
@@ -156,14 +157,14 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _make_seed_store(self) -> SeedStore:
         """The run's seed store, with the seeds of `seed_dataset` read on every rank (`external_seeds.py`)."""
         success_reward, tokenizer = self.reward_func_names[self._success_index], self._tokenizer
+        main = self.accelerator.is_main_process  # shows the progress of scoring `seed_dataset`'s traces
         external = read_external_seeds_on_every_rank(
             ExternalSeedSettings.of(self.args),
             self.accelerator,
             tokenizer,
             tokenizer_fingerprint(tokenizer),
             self.train_dataset,
-            self.reward_funcs,
-            self.reward_func_names,
+            success_scorer(self.reward_funcs, self.reward_func_names, success_reward, self.train_dataset, main),
             success_reward,
             template=self._turn_template(),
         )
