@@ -1,6 +1,7 @@
-"""The package's layers, read from the code's own imports (docs/architecture.md draws them): no import reaches up a
-floor, no module imports itself through a circle, the floors stay few (the package's and each subpackage's own), and
-an import made inside a function says why (`# lazy:`)."""
+"""The package's layers, read from the code's own imports (docs/architecture.md draws them), those made inside a
+function (lazy ones) counted as any other: no import reaches up a floor, no module imports itself through a circle,
+the floors stay few (the package's and each subpackage's own), and an import made inside a function says why
+(`# lazy:`)."""
 
 import ast
 from pathlib import Path
@@ -66,12 +67,18 @@ MODULES = _modules()
 MOST_FLOORS = 7  # the package, counted from the imports of its rooms (subpackages and top-level modules)
 MOST_FLOORS_INSIDE = {"store": 3}  # a subpackage's own floors, counted from imports among its modules; others: 4
 DEFAULT_FLOORS_INSIDE = 4
+# The one known circle, closed by a lazy import (`cli/flag_table.py`, which imports `cli.arguments` to regenerate its
+# table): the cli rework of issue 56 (item 1) removes the table and its generator. Drop this exception with it.
+KNOWN_LAZY_EDGES = {("ts_trl.cli.flag_table", "ts_trl.cli.arguments")}
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the ts_trl modules it imports at module level (imports inside functions are lazy: left out)."""
+    """Module -> the ts_trl modules it imports, at module level or inside a function (a lazy import defers the
+    import, not the dependency: a circle through one is still a circle)."""
     return {
-        name: {t for t, _, lazy in _imports(name, path) if not lazy and t in MODULES and t != name}
+        name: {
+            t for t, _, _ in _imports(name, path) if t in MODULES and t != name and (name, t) not in KNOWN_LAZY_EDGES
+        }
         for name, path in MODULES.items()
     }
 
@@ -106,7 +113,7 @@ def test_no_import_reaches_up_a_floor():
     assert not upward, "\n".join(upward)
 
 
-def test_no_circle_among_module_level_imports():
+def test_no_circle_among_imports_lazy_ones_included():
     graph = _module_graph()
     state, circles = {}, []
 
