@@ -291,7 +291,7 @@ def download_seed_dataset(
     if not traces and not any((folder / DATA_DIR).glob("*.parquet")):
         raise ValueError(
             f"The dataset repo {repo_id!r} holds no {DATA_DIR}/*.parquet shards, so it is not a seed dataset written "
-            "by ts_trl. Pass the repo a SeedHubPusher pushed to, or a local seed folder."
+            "by ts_trl. Pass the repo a run pushed its seeds to (push_seeds_to_hub), or a local seed folder."
         )
     return folder
 

@@ -157,14 +157,13 @@ class SeedGRPOTrainer(GRPOTrainer):
     def _make_seed_store(self) -> SeedStore:
         """The run's seed store, with the seeds of `seed_dataset` read on every rank (`external_seeds.py`)."""
         success_reward, tokenizer = self.reward_func_names[self._success_index], self._tokenizer
-        main = self.accelerator.is_main_process  # shows the progress of scoring `seed_dataset`'s traces
         external = read_external_seeds_on_every_rank(
             ExternalSeedSettings.of(self.args),
             self.accelerator,
             tokenizer,
             tokenizer_fingerprint(tokenizer),
             self.train_dataset,
-            success_scorer(self.reward_funcs, self.reward_func_names, success_reward, self.train_dataset, main),
+            success_scorer(self.reward_funcs, self.reward_func_names, success_reward, self.train_dataset),
             success_reward,
             template=self._turn_template(),
         )

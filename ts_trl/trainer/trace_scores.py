@@ -9,20 +9,19 @@ import inspect
 from collections.abc import Callable
 
 import numpy as np
+from accelerate import PartialState
 from tqdm.auto import tqdm
 
 SCORE_BATCH = 64  # traces per reward call of `seed_filter="success"`
 
 
-def success_scorer(
-    reward_funcs, reward_names, success_reward: str | None, train_dataset, main: bool = True
-) -> Callable:
+def success_scorer(reward_funcs, reward_names, success_reward: str | None, train_dataset) -> Callable:
     """The scoring function a run hands to `read_external_seeds_on_every_rank`: (traces, their training rows, the
-    source's name) -> each trace's success reward (`success_scores`); `main` shows the progress bar."""
+    source's name) -> each trace's success reward (`success_scores`), with a progress bar on the main process."""
     success = (reward_funcs, list(reward_names), success_reward)
 
     def score(traces, rows, source: str) -> np.ndarray:
-        return success_scores(traces, rows, train_dataset, success, source, main)
+        return success_scores(traces, rows, train_dataset, success, source, PartialState().is_main_process)
 
     return score
 
