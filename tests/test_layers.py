@@ -132,6 +132,17 @@ def test_no_circle_among_imports_lazy_ones_included():
     assert not circles, "\n".join(circles)
 
 
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public name."""
+    private = []
+    for name, path in MODULES.items():
+        for _, node, _ in _imports(name, path):
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if any(n.startswith("_") and not n.startswith("__") for n in names):
+                private.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {', '.join(names)}")
+    assert not private, "\n".join(private)
+
+
 def test_an_import_inside_a_function_says_why():
     unexplained = []
     for path in MODULES.values():
