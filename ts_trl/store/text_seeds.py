@@ -33,7 +33,10 @@ RETOKENISE_BATCH = 64  # traces re-tokenised together (larger batches ran slower
 
 @dataclass
 class ExternalSeeds:
-    """Seeds from `seed_dataset`: the bank's columns, the cut positions of text seeds, and where they came from."""
+    """Seeds from `seed_dataset`: the bank's columns, the cut positions of text seeds, and where they came from.
+
+    Defined beside the text seeds that build it; `external_seeds.py` returns it for a seed dataset of this tokenizer
+    too (no cut positions)."""
 
     table: pa.Table
     provenance: dict
@@ -92,7 +95,8 @@ def training_prompts(train_dataset) -> dict:
 
 
 def match_prompts(traces: list, train_dataset, source: str) -> list[int | None]:
-    """The training row each trace's prompt is, by `prompt_id`, else by normalised text; None where none matches.
+    """The training row each trace's (`traces.Trace`) prompt is, by `prompt_id`, else by normalised text; None where
+    none matches.
 
     Refuses, in one line, a training set it cannot index and traces none of which match.
     """
