@@ -1,4 +1,4 @@
-"""How long a process takes to end when its last seed upload is stalled: `SeedHubPusher`'s daemon thread against
+"""How long a process takes to end when its last seed upload is stalled: `ShardPusher`'s daemon thread against
 huggingface_hub's `HfApi.run_as_future`, and what `CommitScheduler` does with no network (see docs/cards.md).
 
     PYTHONPATH=. python benchmarks/hub_exit_time.py
@@ -24,10 +24,10 @@ from huggingface_hub import CommitOperationAdd, CommitScheduler, HfApi
 
 mode, endpoint, shard = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 start = time.monotonic()
-if mode == "SeedHubPusher":
-    from ts_trl.store.seed_store import SeedHubPusher
+if mode == "ShardPusher":
+    from ts_trl.store.hub import ShardPusher
 
-    pusher = SeedHubPusher("org/seeds", token="hf_fake", endpoint=endpoint, max_retries=0)
+    pusher = ShardPusher("org/seeds", token="hf_fake", endpoint=endpoint, max_retries=0)
     pusher.submit(shard)
     print("shards not pushed:", len(pusher.close(timeout=1.0)))
 elif mode == "run_as_future":
@@ -65,7 +65,7 @@ def main() -> None:
 
     shard = write_run(Path(tempfile.mkdtemp()) / "run", [1])[0]
     env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1", "PYTHONPATH": os.getcwd()}
-    for mode in ("SeedHubPusher", "run_as_future"):
+    for mode in ("ShardPusher", "run_as_future"):
         hub = LocalHub().start()
         hub.stall(STALL_SECONDS)
         print(_run(mode, hub.endpoint, shard, {**env, "HF_ENDPOINT": hub.endpoint}))

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from ts_trl.analysis import compare
+from ts_trl.analysis import compare_protocol as compare
+from ts_trl.analysis.compare_report import write_report
 
 
 def main(source: str, target: str) -> None:
@@ -24,7 +25,7 @@ def main(source: str, target: str) -> None:
     out = Path(target)
     out.mkdir(parents=True, exist_ok=True)
     finished = sum(o["kind"] == "train" for o in outputs)
-    table, _, _ = compare._report(outputs, budget, args, out, 0.0, partial=finished < len(args.methods) * 5)
+    table, _, _ = write_report(outputs, budget, args, out, 0.0, partial=finished < len(args.methods) * 5)
     print(table)
 
 

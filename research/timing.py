@@ -16,7 +16,7 @@ def main():
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from ts_trl.analysis.compare import DIFFICULTY, FULL, LEARNING_RATE, MIN_DIFFICULTY
+    from ts_trl.analysis.compare_protocol import DIFFICULTY, FULL, LEARNING_RATE, MIN_DIFFICULTY
     from ts_trl.embedded import EmbeddedTask, build_warm_model, embedded_reward, sample_rewards
     from ts_trl.embedded.warmup import _batch
     from ts_trl.trainer.seed_grpo_config import SeedGRPOConfig

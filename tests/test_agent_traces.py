@@ -17,8 +17,8 @@ from ts_trl.method.planning import CutOutcomes, GroupPlanner
 from ts_trl.method.selection import EXTERNAL_STEP
 from ts_trl.method.turns import step_boundaries, turn_ratio_bounds
 from ts_trl.store.bank import SeedBank
-from ts_trl.store.external_seeds import read_traces
 from ts_trl.store.schema import Rollout, prompt_id_of, tokenizer_fingerprint
+from ts_trl.store.traces import read_traces
 
 
 def call(a, b, arguments=None):
@@ -246,7 +246,7 @@ def test_a_trace_of_another_prompt_is_left_out_and_counted(tmp_path, caplog):
     other = trace(0)
     other["messages"][0]["content"] = "Add 7 and 8."
     dataset = write_jsonl(tmp_path / "traces.jsonl", [trace(0), other])
-    with caplog.at_level(logging.WARNING, logger="ts_trl.store.external_seeds"):
+    with caplog.at_level(logging.WARNING, logger="ts_trl.store.text_seeds"):
         trainer, _ = traces_trainer(tmp_path / "run", dataset)
     provenance = trainer.seed_store.external_provenance
     assert (provenance["rows"], provenance["matched"], provenance["kept"]) == (2, 1, 1)

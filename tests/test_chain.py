@@ -243,8 +243,8 @@ def test_compare_runs_the_chain_task_with_its_endpoints(tmp_path, monkeypatch):
     import argparse
 
     from ts_trl.__main__ import main
-    from ts_trl.analysis import compare
-    from ts_trl.analysis.compare import read_csv
+    from ts_trl.analysis.compare_report import endpoints_of
+    from ts_trl.analysis.compare_stats import read_csv
 
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "compare"
@@ -259,7 +259,7 @@ def test_compare_runs_the_chain_task_with_its_endpoints(tmp_path, monkeypatch):
     endpoints = {d["endpoint"] for d in read_csv(out / "differences.csv")}
     assert "pass@1 at equal steps" in endpoints
     # The task's own endpoint joins the secondaries (here all NaN: a 2-step warm-up makes no sums to get wrong).
-    assert compare._endpoints(argparse.Namespace(task="chain-strict", difficulty=2, min_difficulty=1)) == (
+    assert endpoints_of(argparse.Namespace(task="chain-strict", difficulty=2, min_difficulty=1)) == (
         "coverage",
         "recovery_rate",
     )

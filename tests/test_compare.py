@@ -17,7 +17,7 @@ import torch
 import tests.conftest as c
 from tests.conftest import TINY_SETTINGS, seed_rows
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
-from ts_trl.analysis.compare import METHODS
+from ts_trl.analysis.compare_protocol import METHODS
 
 G = 4  # num_generations of every run below
 
@@ -457,7 +457,7 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     import csv
 
     from ts_trl.__main__ import main
-    from ts_trl.analysis import compare
+    from ts_trl.analysis import compare_protocol, compare_report, compare_runs, compare_stats
 
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))  # a fresh 2-step warm-up, not the user's cache
     out = tmp_path / "compare"
@@ -506,15 +506,17 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     assert all(start[("none", s, j)] == start[("seeds-state", s, j)] for _, s, j in start)
     # The paired-difference lines are those of the statistics recomputed from prompts.csv.
     # The difference tables are those of the statistics recomputed from the CSVs, and differences.csv holds them.
-    differences = compare.all_differences(compare.read_csv(out / "prompts.csv"), compare.read_csv(out / "compare.csv"))
+    differences = compare_stats.all_differences(
+        compare_stats.read_csv(out / "prompts.csv"), compare_stats.read_csv(out / "compare.csv")
+    )
     assert {d["endpoint"] for d in differences} == {
         f"pass@{k} at equal {b}" for k in (1, 8) for b in ("steps", "tokens")
-    } | {"coverage", compare.ZERO_STD_GAP}
-    assert len(compare.read_csv(out / "differences.csv")) == len(differences)
+    } | {"coverage", compare_protocol.ZERO_STD_GAP}
+    assert len(compare_stats.read_csv(out / "differences.csv")) == len(differences)
     for d in differences:
         start = f"| {d['method']} | {d['baseline']} | " + ("" if d["role"] == "primary" else f"{d['endpoint']} | ")
         line = next(line for line in printed.splitlines() if line.startswith(start))
-        assert line == start + " | ".join(compare.difference_cells(d)) + " |"
+        assert line == start + " | ".join(compare_report.difference_cells(d)) + " |"
     # Both runs logged the all-equal share of their plain groups, the seeded run that of its seeded groups too.
     shares = {r["method"]: r for r in runs}
     assert shares["none"]["zero_std_share_seeded"] == "nan" and float(shares["none"]["zero_std_share_plain"]) >= 0
@@ -529,7 +531,9 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
 
     # Run again with the same settings: every finished run is reused (nothing trains), and the tables are the same.
     before = (out / "compare.csv").read_text()
-    monkeypatch.setattr(compare, "_train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(
+        compare_runs, "_train", lambda *args, **kwargs: pytest.fail("a finished run was trained again")
+    )
     assert main(argv) == 0 and (out / "compare.csv").read_text() == before
     # A cut range or seed fraction plays no part in the warm start or in on-policy GRPO: their saved runs are reused
     # under other values (a later comparison of other arms shares them), a seeded run's are not.
@@ -537,13 +541,15 @@ def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
     for changed in ({"cut_ratio_max": 0.5}, {"cut_ratio_min": 0.05}, {"seed_fraction": 0.25}):
         jobs = {m: {"kind": k, "seed": 0, "method": m, "settings": {**settings, **changed}, "out": str(out)}
                 for k, m in (("start", None), ("train", "none"), ("train", "seeds-state"))}  # fmt: skip
-        assert compare._saved_output(jobs[None]) is not None and compare._saved_output(jobs["none"]) is not None
-        assert compare._saved_output(jobs["seeds-state"]) is None, changed
-    assert compare._saved_output({**jobs["none"], "settings": {**settings, "learning_rate": 1.0}}) is None
+        assert (
+            compare_runs.saved_output(jobs[None]) is not None and compare_runs.saved_output(jobs["none"]) is not None
+        )
+        assert compare_runs.saved_output(jobs["seeds-state"]) is None, changed
+    assert compare_runs.saved_output({**jobs["none"], "settings": {**settings, "learning_rate": 1.0}}) is None
     # Runs pair only when they start from the same warm model, named by its weights' SHA-256: one trained elsewhere,
     # from a warm-up that came out different, is not reused.
     assert settings["warm_model"] == hashlib.sha256((out / "warm" / "model.safetensors").read_bytes()).hexdigest()
-    assert compare._saved_output({**jobs["none"], "settings": {**settings, "warm_model": "0" * 64}}) is None
+    assert compare_runs.saved_output({**jobs["none"], "settings": {**settings, "warm_model": "0" * 64}}) is None
 
 
 def test_compare_rejects_bad_budget(capsys):
@@ -617,20 +623,20 @@ def test_every_compare_method_is_a_valid_seed_config(method, tmp_path):
 
 def test_saved_runs_are_reused_across_settings_that_play_no_part_in_them(tmp_path):
     """A seed fraction or cut range changes no on-policy run and no warm start; a cut range changes no replay run."""
-    from ts_trl.analysis import compare
+    from ts_trl.analysis import compare_runs
 
     settings = {"budget": {"steps": 4, "num_seeds": 2}, "learning_rate": 1e-4, "seed_fraction": 0.5,
                 "cut_ratio_min": 0.1, "cut_ratio_max": 0.3, "jobs": 2, "output_dir": "a", "num_seeds": 2}  # fmt: skip
     kinds = {None: "start", "none": "train", "replay": "train", "seeds-state": "train", "seeds-action": "train"}
     for method, kind in kinds.items():
         job = {"kind": kind, "seed": 0, "method": method, "out": str(tmp_path)}
-        compare._output_path(job).parent.mkdir(parents=True)
-        compare._output_path(job).write_text(json.dumps({"settings": settings, "output": {"method": method}}))
+        compare_runs._output_path(job).parent.mkdir(parents=True)
+        compare_runs._output_path(job).write_text(json.dumps({"settings": settings, "output": {"method": method}}))
 
     def reused(**changed):
         jobs = [{"kind": k, "seed": 0, "method": m, "settings": {**settings, **changed}, "out": str(tmp_path)}
                 for m, k in kinds.items()]  # fmt: skip
-        return {job["method"] for job in jobs if compare._saved_output(job) is not None}
+        return {job["method"] for job in jobs if compare_runs.saved_output(job) is not None}
 
     assert reused(jobs=1, output_dir="b", num_seeds=5) == set(kinds)
     assert reused(cut_ratio_max=0.9) == reused(cut_ratio_min=0.2) == {None, "none", "replay"}

@@ -8,16 +8,9 @@ import numpy as np
 import pytest
 
 from ts_trl.analysis.common import write_csv
-from ts_trl.analysis.compare import (
-    FULL,
-    PRIMARY,
-    ZERO_STD_GAP,
-    all_differences,
-    differences_tables,
-    format_table,
-    paired_differences,
-    read_csv,
-)
+from ts_trl.analysis.compare_protocol import FULL, PRIMARY, ZERO_STD_GAP
+from ts_trl.analysis.compare_report import differences_tables, format_table
+from ts_trl.analysis.compare_stats import all_differences, paired_differences, read_csv
 
 T_975_DF2 = 4.302652729749464  # t_{0.975, 2}: the closed form 0.95 / sqrt(2 * 0.975 * 0.025)
 T_80_DF2 = 0.6 / math.sqrt(2 * 0.8 * 0.2)  # t_{0.8, 2}, same closed form

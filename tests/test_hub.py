@@ -12,10 +12,10 @@ import pytest
 from huggingface_hub import DatasetCard, ModelCard, hf_hub_download
 from huggingface_hub import constants as hf_constants
 
-from ts_trl.store.dataset_card import render_dataset_card, template_path
+from ts_trl.store.dataset_card import dataset_card_of, render_dataset_card, template_path
 from ts_trl.store.external_seeds import download_seed_dataset
-from ts_trl.store.hub import PublicRepoError
-from ts_trl.store.seed_store import SeedHubPusher
+from ts_trl.store.format import SeedManifest
+from ts_trl.store.hub import PublicRepoError, ShardPusher
 from ts_trl.trainer.model_card import render_model_card
 
 REPO_ID = "org/seeds"
@@ -63,6 +63,12 @@ def write_run(run_dir, steps, rows_per_shard=4):
     return sorted(seeds_dir.glob("step-*.parquet"))
 
 
+def card_of(shards) -> str:
+    """The Hub card the seed store hands the pusher with these shards: from their folder's manifest and columns."""
+    manifest = SeedManifest.load(shards[-1].parent)
+    return str(dataset_card_of(manifest, pq.read_schema(shards[-1]).names, REPO_ID))
+
+
 def rows_of(tables):
     return sorted(pa.concat_tables(tables).to_pylist(), key=lambda row: row["rollout_id"])
 
@@ -80,9 +86,9 @@ def shard_files(server):
 
 def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, monkeypatch):
     shards = write_run(tmp_path / "run", [2, 4, 6])
-    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
+    pusher = ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
     for shard in shards:
-        pusher.submit(shard)
+        pusher.submit(shard, card_text=card_of(shards))
     assert pusher.close(timeout=60) == []
     assert pusher.status() == {"pushed": 3, "pending": 0, "failed_attempts": 0, "failed_pushes": 0, "last_error": None}
     assert shard_files(hub) == [f"data/{shard.name}" for shard in shards]
@@ -109,7 +115,7 @@ def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, m
 
     # Pushing the same shards again (a restarted pusher) adds no commit and no second copy.
     commits = len(hub.commit_titles(REPO_ID))
-    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:
+    with ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:
         again.submit(shards[0])
         again.submit(shards[0])
     assert again.status()["pushed"] == 1
@@ -121,7 +127,7 @@ def test_submit_returns_at_once_while_the_hub_stalls_and_fails(hub, tmp_path):
     shards = write_run(tmp_path / "run", [1, 2, 3, 4])
     hub.stall(2.0)
     hub.fail_next(3, path_contains="/commit/")
-    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
+    pusher = ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
     latencies = []
     for shard in shards:
         start = time.perf_counter()
@@ -144,7 +150,7 @@ def test_a_failed_push_is_kept_retried_later_and_never_leaks_the_token(hub, tmp_
     caplog.set_level(logging.DEBUG)  # every logger, the client's included
     first, second = write_run(tmp_path / "run", [10, 20])
     hub.fail_next(1000, path_contains="/commit/")
-    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, max_retries=2, **FAST)
+    pusher = ShardPusher(REPO_ID, token=FAKE_TOKEN, max_retries=2, **FAST)
     pusher.submit(first)
     wait_for(lambda: pusher.status()["failed_pushes"] == 1)
     status = pusher.status()
@@ -166,7 +172,7 @@ def test_a_failed_push_is_kept_retried_later_and_never_leaks_the_token(hub, tmp_
 def test_permanent_errors_are_not_retried_and_close_reports_what_was_not_pushed(hub, tmp_path, caplog):
     (shard,) = write_run(tmp_path / "run", [5])
     hub.fail_next(1000, status=403, path_contains="/commit/")
-    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
+    pusher = ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST)
     pusher.submit(shard)
     wait_for(lambda: pusher.status()["failed_pushes"] == 1)
     assert pusher.close(timeout=60) == [shard.resolve()]
@@ -185,7 +191,7 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
     from ts_trl.store.files import file_sha256
 
     shards = write_run(tmp_path / "run", [1, 2, 3, 4])
-    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as before_the_crash:
+    with ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as before_the_crash:
         before_the_crash.submit(shards[0])
     api = HfApi(endpoint=hub.endpoint, token=FAKE_TOKEN)
     for name, content in (("step-000002.parquet", b"an abandoned branch's shard"), ("step-000009.parquet", b"other")):
@@ -193,8 +199,9 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
     commits = len(hub.commit_titles(REPO_ID))
 
     hub.fail_next(1, status=503, path_contains="/paths-info/")
-    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN, max_retries=0, **FAST)
-    pusher.submit_backlog({shards[0]: file_sha256(shards[0]), shards[1]: None, shards[2]: None, shards[3]: None})
+    pusher = ShardPusher(REPO_ID, token=FAKE_TOKEN, max_retries=0, **FAST)
+    backlog = {shards[0]: file_sha256(shards[0]), shards[1]: None, shards[2]: None, shards[3]: None}
+    pusher.submit_backlog(backlog, card_text=card_of(shards))
     wait_for(lambda: "Could not compare" in caplog.text)
     assert pusher.status()["pending"] == 4 and len(hub.commit_titles(REPO_ID)) == commits  # kept, nothing pushed
     (line,) = [r.getMessage() for r in caplog.records if "Could not compare" in r.getMessage()]
@@ -216,7 +223,7 @@ def test_a_backlog_is_compared_with_the_repo_and_only_what_it_lacks_is_pushed(hu
     card = DatasetCard(files["README.md"].decode())
     assert "1, 2, 3, 4" in card.text  # the card came along, rendered from the manifest
 
-    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # everything is there now: no commit
+    with ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # everything is there now: no commit
         again.submit_backlog({shard: None for shard in shards})
     assert len(hub.commit_titles(REPO_ID)) == commits + 4 and again.status()["pushed"] == 0
 
@@ -234,7 +241,7 @@ def test_a_failed_listing_of_data_leaves_the_strays_and_the_next_start_moves_the
 
     # A refusal: huggingface_hub itself retries a listing that gets 5xx answers for about 23 s before giving up.
     hub.fail_next(10**6, status=403, path_contains="/tree/")
-    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as pusher:
+    with ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as pusher:
         pusher.submit_backlog({shard: None for shard in shards}, listed=[shard.name for shard in shards])
         wait_for(lambda: "Could not move" in caplog.text)
     hub.heal()
@@ -245,7 +252,7 @@ def test_a_failed_listing_of_data_leaves_the_strays_and_the_next_start_moves_the
         and hub.files(REPO_ID)["data/step-000007.parquet"] == b"data/step-000007.parquet"
     )
 
-    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # the next start
+    with ShardPusher(REPO_ID, token=FAKE_TOKEN, **FAST) as again:  # the next start
         again.submit_backlog({shard: None for shard in shards}, listed=[shard.name for shard in shards])
     files = hub.files(REPO_ID)
     assert sorted(path for path in files if path.startswith("data/")) == [
@@ -282,14 +289,14 @@ def test_a_backlog_compares_lfs_files_by_sha256_and_inline_files_by_blob_id(tmp_
 
 def test_a_private_run_creates_a_private_repo_and_refuses_a_public_one(hub, tmp_path):
     shards = write_run(tmp_path / "run", [1])
-    with SeedHubPusher(REPO_ID, token=FAKE_TOKEN, private=True, **FAST) as pusher:
+    with ShardPusher(REPO_ID, token=FAKE_TOKEN, private=True, **FAST) as pusher:
         pusher.check_visibility()  # no repo yet: nothing to refuse
         pusher.submit(shards[0])
     assert [r.get("visibility") for r in hub.create_requests] == ["private"]  # the flag in the create request
     assert hub.repos[("dataset", REPO_ID)].private and shard_files(hub) == ["data/step-000001.parquet"]
 
     hub.add_repo("org/public-seeds", private=False)
-    refused = SeedHubPusher("org/public-seeds", token=FAKE_TOKEN, private=True, **FAST)
+    refused = ShardPusher("org/public-seeds", token=FAKE_TOKEN, private=True, **FAST)
     with pytest.raises(PublicRepoError, match="exists and is public.*hub_seeds_private=False"):
         refused.check_visibility()
     # Had the check been skipped at start-up, the worker still uploads nothing into the public repo.
@@ -300,7 +307,7 @@ def test_a_private_run_creates_a_private_repo_and_refuses_a_public_one(hub, tmp_
     assert set(hub.files("org/public-seeds")) == {".gitattributes"}
     assert not hub.repos[("dataset", "org/public-seeds")].private  # its visibility is left alone
 
-    with SeedHubPusher("org/public-seeds", token=FAKE_TOKEN, private=False, **FAST) as explicit:
+    with ShardPusher("org/public-seeds", token=FAKE_TOKEN, private=False, **FAST) as explicit:
         explicit.check_visibility()  # the explicit override: publishing is what the user asked for
         explicit.submit(shards[0])
     assert "data/step-000001.parquet" in hub.files("org/public-seeds")
@@ -308,8 +315,8 @@ def test_a_private_run_creates_a_private_repo_and_refuses_a_public_one(hub, tmp_
 
 def test_bad_arguments_fail_early():
     with pytest.raises(ValueError, match="invalid repo_id"):
-        SeedHubPusher("datasets/org/name")
-    pusher = SeedHubPusher(REPO_ID, token=FAKE_TOKEN)
+        ShardPusher("datasets/org/name")
+    pusher = ShardPusher(REPO_ID, token=FAKE_TOKEN)
     with pytest.raises(FileNotFoundError, match="not a file"):
         pusher.submit("/nonexistent/step-000001.parquet")
 

@@ -1,6 +1,7 @@
-"""The package's layers, read from the code's own imports (docs/architecture.md draws them): no import reaches up a
-floor, no module imports itself through a circle, the floors stay few (the package's and each subpackage's own), and
-an import made inside a function says why (`# lazy:`)."""
+"""The package's layers, read from the code's own imports (docs/architecture.md draws them), those made inside a
+function (lazy ones) counted as any other: no import reaches up a floor, no module imports itself through a circle,
+the floors stay few (the package's and each subpackage's own), and an import made inside a function says why
+(`# lazy:`)."""
 
 import ast
 from pathlib import Path
@@ -66,12 +67,18 @@ MODULES = _modules()
 MOST_FLOORS = 7  # the package, counted from the imports of its rooms (subpackages and top-level modules)
 MOST_FLOORS_INSIDE = {"store": 3}  # a subpackage's own floors, counted from imports among its modules; others: 4
 DEFAULT_FLOORS_INSIDE = 4
+# The one known circle, closed by a lazy import (`cli/flag_table.py`, which imports `cli.arguments` to regenerate its
+# table): the cli rework of issue 56 (item 1) removes the table and its generator. Drop this exception with it.
+KNOWN_LAZY_EDGES = {("ts_trl.cli.flag_table", "ts_trl.cli.arguments")}
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the ts_trl modules it imports at module level (imports inside functions are lazy: left out)."""
+    """Module -> the ts_trl modules it imports, at module level or inside a function (a lazy import defers the
+    import, not the dependency: a circle through one is still a circle)."""
     return {
-        name: {t for t, _, lazy in _imports(name, path) if not lazy and t in MODULES and t != name}
+        name: {
+            t for t, _, _ in _imports(name, path) if t in MODULES and t != name and (name, t) not in KNOWN_LAZY_EDGES
+        }
         for name, path in MODULES.items()
     }
 
@@ -106,7 +113,7 @@ def test_no_import_reaches_up_a_floor():
     assert not upward, "\n".join(upward)
 
 
-def test_no_circle_among_module_level_imports():
+def test_no_circle_among_imports_lazy_ones_included():
     graph = _module_graph()
     state, circles = {}, []
 
@@ -123,6 +130,17 @@ def test_no_circle_among_module_level_imports():
         if name not in state:
             walk(name, [name])
     assert not circles, "\n".join(circles)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public name."""
+    private = []
+    for name, path in MODULES.items():
+        for _, node, _ in _imports(name, path):
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if any(n.startswith("_") and not n.startswith("__") for n in names):
+                private.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {', '.join(names)}")
+    assert not private, "\n".join(private)
 
 
 def test_an_import_inside_a_function_says_why():

@@ -11,8 +11,8 @@ from tokenizers import normalizers
 
 from tests.conftest import build_word_tokenizer
 from tests.test_trace_scale import TEXTS, reference
-from ts_trl.store.external_seeds import TextCodec, _boundaries, retokenise_many
 from ts_trl.store.local_cuts import LocalCuts
+from ts_trl.store.text_seeds import TextCodec, _boundaries, retokenise_many
 from ts_trl.tiny import build_tokenizer
 
 TRACES = 120  # GSM8K answers per check: the slow reference encodes up to 64 prefixes of each through transformers

@@ -63,7 +63,7 @@ def _argv(recipe, tmp_path, *methods):
 
 def test_compare_config_runs_the_arms_on_the_recipe_and_resumes(recipe, tmp_path, monkeypatch, capsys):
     from ts_trl.__main__ import main
-    from ts_trl.analysis.compare import PRIMARY
+    from ts_trl.analysis.compare_protocol import PRIMARY
     from ts_trl.cli import train as script
 
     trained = []

@@ -654,9 +654,9 @@ def test_an_unreachable_hub_at_start_does_not_stop_the_run_and_the_next_start_pu
     from huggingface_hub import constants as hf_constants
 
     from ts_trl.store import seed_store
-    from ts_trl.store.seed_store import SeedHubPusher
+    from ts_trl.store.hub import ShardPusher
 
-    monkeypatch.setattr(seed_store, "SeedHubPusher", functools.partial(SeedHubPusher, max_retries=1, backoff=0.05))
+    monkeypatch.setattr(seed_store, "ShardPusher", functools.partial(ShardPusher, max_retries=1, backoff=0.05))
     with socket.socket() as probe:  # a port nothing listens on: connections are refused, as with the network down
         probe.bind(("127.0.0.1", 0))
         unreachable = f"http://127.0.0.1:{probe.getsockname()[1]}"

@@ -12,7 +12,7 @@ from accelerate import Accelerator
 from tests.conftest import TARGET_CUTS, seed_rows, tiny_prompts
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
 from ts_trl.store.schema import Rollout
-from ts_trl.store.seed_store import PendingRollout, SeedStore
+from ts_trl.store.seed_store import PendingRollout, SeedStore, StoreSettings
 
 
 def _seeded_share(trainer) -> float:
@@ -148,7 +148,7 @@ def test_success_reward_must_name_a_reward_function(make_trainer):
 def test_unsnapshotted_rollouts_are_kept_compact(tmp_path, tokenizer, tiny_model):
     """The buffer of rollouts waiting for the next shard costs about what the shard does, not Python lists."""
     args = SeedGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
-    store = SeedStore(args, Accelerator(cpu=True), tiny_model, tokenizer, ["r"])
+    store = SeedStore(StoreSettings.of(args), Accelerator(cpu=True), tiny_model, tokenizer, ["r"])
     store.start(None)
     tokens, rows = 2000, 64
     rng = np.random.default_rng(0)

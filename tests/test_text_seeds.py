@@ -9,8 +9,10 @@ from pyarrow import csv
 
 from tests.conftest import build_word_tokenizer, logged, seed_by_id, seed_manifest, seed_rows
 from ts_trl.embedded import EmbeddedTask, embedded_reward
-from ts_trl.store.external_seeds import CACHE_DIR, read_any, read_traces, retokenise
+from ts_trl.store.external_seeds import CACHE_DIR, read_any
 from ts_trl.store.schema import tokenizer_fingerprint
+from ts_trl.store.text_seeds import retokenise
+from ts_trl.store.traces import read_traces
 from ts_trl.tiny import build_tokenizer
 
 REPO_ID = "org/seeds"
@@ -168,7 +170,7 @@ def test_seeds_from_a_jsonl_of_traces(make_trainer, tmp_path, seed_filter, monke
     assert external["kind"] == "traces" and external["rows"] == len(lines) and external["matched"] == matched
     assert external["kept"] == (len(right) if seed_filter else matched) and external.get("filter") == seed_filter
     if seed_filter:  # a resume reads the scored seeds back from the cache: nothing is scored again
-        monkeypatch.setattr("ts_trl.store.external_seeds.success_scores", lambda *a, **k: pytest.fail("scored again"))
+        monkeypatch.setattr("ts_trl.trainer.trace_scores.success_scores", lambda *a, **k: pytest.fail("scored again"))
         again = make_trainer(**{**settings, "max_steps": 3})
         assert (tmp_path / "run" / CACHE_DIR / "seeds.parquet").is_file()
         assert again.seed_bank.rollout_ids[: len(right)] == trainer.seed_bank.rollout_ids[: len(right)]

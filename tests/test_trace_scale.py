@@ -7,8 +7,9 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import build_word_tokenizer
-from ts_trl.store import external_seeds
-from ts_trl.store.external_seeds import MAX_CUT_CANDIDATES, retokenise, retokenise_many
+from ts_trl.store import external_seeds, text_seeds
+from ts_trl.store import traces as trace_files
+from ts_trl.store.text_seeds import MAX_CUT_CANDIDATES, retokenise, retokenise_many
 from ts_trl.tiny import build_tokenizer
 
 TEXTS = [
@@ -81,7 +82,7 @@ def test_the_backend_serves_a_plain_fast_tokenizer_and_the_tokenizer_itself_any_
 @pytest.mark.skipif(sys.implementation.name != "cpython", reason="the equivalence is CPython's")
 def test_the_boundary_pattern_is_str_isspace():
     characters = "".join(map(chr, range(sys.maxunicode + 1)))
-    by_pattern = {m.start() for m in external_seeds._SPACE.finditer(characters)}
+    by_pattern = {m.start() for m in text_seeds._SPACE.finditer(characters)}
     assert by_pattern == {i for i, c in enumerate(characters) if c.isspace()}
 
 
@@ -94,8 +95,9 @@ def test_a_parquet_file_of_traces_is_read_a_batch_at_a_time_and_gives_the_seeds_
     from datasets import Dataset
 
     from benchmarks.trace_scale import _operands, _prompt, write_traces
-    from ts_trl.store.external_seeds import ExternalSeedSettings, read_external_seeds, read_traces, text_seeds
+    from ts_trl.store.external_seeds import ExternalSeedSettings, read_external_seeds
     from ts_trl.store.schema import tokenizer_fingerprint
+    from ts_trl.store.traces import read_traces
 
     size = 3000  # a few thousand rows in batches of 512: six batches, the last one short
     path = tmp_path / "traces.parquet"
@@ -105,7 +107,7 @@ def test_a_parquet_file_of_traces_is_read_a_batch_at_a_time_and_gives_the_seeds_
     tokenizer = build_word_tokenizer()
     settings = ExternalSeedSettings(seed_dataset=str(path), max_completion_length=256, output_dir=str(tmp_path / "o"))
     whole, _ = read_traces(pq.read_table(path), None, None, "s")
-    expected = text_seeds(settings, tokenizer, whole, train, ((), (), None), "s")
+    expected = text_seeds.text_seeds(settings, tokenizer, whole, train, (None, None), "s")
 
     sizes, read_whole = [], pq.read_table
     iter_batches = pq.ParquetFile.iter_batches
@@ -115,7 +117,7 @@ def test_a_parquet_file_of_traces_is_read_a_batch_at_a_time_and_gives_the_seeds_
             sizes.append(batch.num_rows)
             yield batch
 
-    monkeypatch.setattr(external_seeds, "STREAM_ROWS", 512)
+    monkeypatch.setattr(trace_files, "STREAM_ROWS", 512)
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
     monkeypatch.setattr(
         pq, "read_table", lambda source, *a, **k: pytest.fail("read whole") if source == path else read_whole(source)
@@ -140,8 +142,10 @@ def test_text_seeds_hold_their_ids_and_cuts_once_and_no_log_probs(tmp_path, monk
 
     from benchmarks.trace_scale import _operands, _prompt, write_traces
     from ts_trl import SeedBank
-    from ts_trl.store.external_seeds import CUT_POSITIONS, ExternalSeedSettings, read_external_seeds, read_traces
+    from ts_trl.store.external_seeds import ExternalSeedSettings, read_external_seeds
     from ts_trl.store.schema import tokenizer_fingerprint
+    from ts_trl.store.text_seeds import CUT_POSITIONS
+    from ts_trl.store.traces import read_traces
 
     size = 1200  # three batches of 512 rows, the last one short
     path = tmp_path / "traces.parquet"
@@ -150,7 +154,7 @@ def test_text_seeds_hold_their_ids_and_cuts_once_and_no_log_probs(tmp_path, monk
     train = Dataset.from_dict({"prompt": [_prompt(p, a, b, c) for p in range(num_prompts)]})
     tokenizer = build_tokenizer()
     settings = ExternalSeedSettings(seed_dataset=str(path), max_completion_length=256, output_dir=str(tmp_path / "o"))
-    monkeypatch.setattr(external_seeds, "STREAM_ROWS", 512)
+    monkeypatch.setattr(trace_files, "STREAM_ROWS", 512)
     seeds = read_external_seeds(settings, tokenizer, tokenizer_fingerprint(tokenizer), train)
     table = seeds.table
     assert table.num_rows == size and table.column("logprobs").null_count == size

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ts_trl.analysis.compare import ZERO_STD_GAP, all_differences, paired_differences, read_csv
+from ts_trl.analysis.compare_protocol import ZERO_STD_GAP
+from ts_trl.analysis.compare_stats import all_differences, paired_differences, read_csv
 from ts_trl.analysis.stats import holm
 
 ARMS = ("none", "seeds-state", "seeds-action", "replay")

@@ -49,17 +49,9 @@ from .common import (
     sample_continuations,
     token_logprobs,
 )
-from .compare import (
-    BASELINE,
-    COVERAGE_CUT,
-    DEFAULT_METHODS,
-    METHODS,
-    PASS_K,
-    SCALAR_ENDPOINTS,
-    Budget,
-    _report,
-    training_log,
-)
+from .compare_protocol import BASELINE, COVERAGE_CUT, DEFAULT_METHODS, METHODS, PASS_K, SCALAR_ENDPOINTS, Budget
+from .compare_report import write_report
+from .compare_runs import training_log
 
 # Set per arm by the command: a recipe value or flag for them would be silently replaced, so they are refused.
 ARM_FLAGS = ("seed", "seed_method", "prefix_mode", "seed_selection", "output_dir", "resume_from_checkpoint")
@@ -167,7 +159,7 @@ def main(argv: list[str]) -> list[dict]:
     )
     if not state.is_main_process:
         return []
-    table, results, paths = _report(outputs, budget, report_args, out, time.time() - started, partial=False)
+    table, results, paths = write_report(outputs, budget, report_args, out, time.time() - started, partial=False)
     print(table)
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return results

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..method.selection import EXTERNAL_STEP, Seed, draw_seeds
-from .schema import BANK_COLUMNS, Rollout
+from .schema import BANK_COLUMNS, Rollout, string_buffers
 
 TOKEN_LENGTH_BITS = 24  # a payload address is start << 24 | length: rollouts up to 16M tokens, 2^39 tokens in all
 ID_LENGTH_BITS = 16  # rollout ids up to 64 KB of UTF-8
@@ -182,17 +182,6 @@ def _flat_logprobs(column: pa.ListArray, offsets: np.ndarray, num_tokens: int) -
     return column.values.to_numpy(zero_copy_only=False)
 
 
-def _string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The UTF-8 bytes and offsets of an Arrow string array, without copying them."""
-    array = array.cast(pa.string()) if array.type != pa.string() else array
-    if array.null_count:
-        raise ValueError("The seed dataset has rows without a rollout_id or prompt_id; every row needs both.")
-    _, offsets, data = array.buffers()
-    offsets = np.frombuffer(offsets, dtype=np.int32)[array.offset : array.offset + len(array) + 1]
-    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    return data, offsets.astype(np.int64)
-
-
 class SeedBank:
     """Stores rollouts and hands out seeds: earlier rollouts of a prompt that the current policy may restart from.
 
@@ -288,7 +277,7 @@ class SeedBank:
             offsets, flat_ids = ids_column.offsets.to_numpy(), ids_column.values.to_numpy(zero_copy_only=False)
             prompts = batch.column("prompt_id").cast(pa.string()).dictionary_encode()
             self._extend(
-                *_string_buffers(batch.column("rollout_id")),
+                *string_buffers(batch.column("rollout_id")),
                 prompts.dictionary.to_pylist(),
                 prompts.indices.to_numpy(zero_copy_only=False),
                 flat_ids,
@@ -325,7 +314,7 @@ class SeedBank:
                 logps_column.values.to_numpy(zero_copy_only=False),
             )
             token_addresses.append(self._tokens.extend(columns, ids_column.offsets.to_numpy(), copy=False))
-            id_bytes, id_offsets = _string_buffers(batch.column("rollout_id"))
+            id_bytes, id_offsets = string_buffers(batch.column("rollout_id"))
             id_addresses.append(self._id_text.extend((id_bytes,), id_offsets, copy=False))
         if token_addresses:
             self._token_address.values[first:] = np.concatenate(token_addresses)

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from ..resources import packaged_file
@@ -146,33 +144,22 @@ def render_dataset_card(
     )
 
 
-def dataset_card_for_shard(
-    shard_path: Path,
+def dataset_card_of(
+    manifest,
+    columns: Sequence[str],
     repo_id: str,
     license: str | None = None,
     trained_model_id: str | None = None,
     local: bool = False,
-    manifest=None,
 ) -> DatasetCard:
-    """The dataset card for a run's seed folder, from its `manifest` (the `format.SeedManifest` of the folder that
-    holds `shard_path`; None: the shard alone is described) and the shard's schema."""
-
-    shard_path = Path(shard_path)
-    schema = pq.read_schema(shard_path)
-    reward_columns = [name for name in schema.names if name.startswith("reward_")]
-    if manifest is not None:
-        model, tokenizer = manifest.model, manifest.tokenizer
-        steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
-        external = manifest.external
-    else:  # a shard handed over without its manifest: describe that shard alone
-        first = pq.read_table(shard_path, columns=[c for c in ("model", "tokenizer", "step") if c in schema.names])
-        row = first.slice(0, 1).to_pylist()[0] if first.num_rows else {}
-        model, tokenizer = row.get("model", "unknown"), row.get("tokenizer", "unknown")
-        match = re.search(r"(\d+)", shard_path.stem)
-        steps = [int(match.group(1))] if match else []
-        num_rows, external = first.num_rows, None
+    """The dataset card for a run's seed folder, from its `manifest` (a `format.SeedManifest`, as the store holds it
+    in memory) and its shards' `columns`: nothing is read from disk."""
+    reward_columns = [name for name in columns if name.startswith("reward_")]
+    model, tokenizer = manifest.model, manifest.tokenizer
+    steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
+    external = manifest.external
     return render_dataset_card(
-        turn_columns=[c.name for c in TURN_COLUMNS if c.name in schema.names],
+        turn_columns=[c.name for c in TURN_COLUMNS if c.name in columns],
         repo_id=repo_id,
         model=model,
         tokenizer_fingerprint=tokenizer,

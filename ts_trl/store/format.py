@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .files import atomic_write, atomic_write_json, file_sha256, hub_cache_blobs, same_file, set_aside_folder
-from .schema import BANK_COLUMNS, bank_columns
+from .schema import BANK_COLUMNS, bank_columns, check_text
 
 logger = logging.getLogger(__name__)
 
@@ -367,20 +367,6 @@ def read_table(paths: Sequence[Path], columns: Sequence[str] | None = None) -> p
         except (pa.ArrowInvalid, OSError) as error:
             raise ValueError(f"Cannot read the seed shard {path}: {error}. Restore or remove the file.") from None
     return pa.concat_tables(tables, promote_options="default") if tables else None
-
-
-def check_text(table: pa.Table, path: str | os.PathLike) -> pa.Table:
-    """`table`, once its text columns are checked to be UTF-8: Parquet readers do not check, and a bad byte would
-    otherwise surface as a `UnicodeDecodeError` at the first step that reads the row."""
-    for name, column in zip(table.column_names, table.columns):
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            try:
-                column.validate(full=True)
-            except pa.ArrowInvalid as error:
-                raise ValueError(
-                    f"{path}: column {name!r} holds text that is not valid UTF-8 ({error}). Repair or remove the file."
-                ) from None
-    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -76,8 +76,8 @@ class ShardPusher:
         max_backoff: the longest wait between two attempts, in seconds.
         endpoint: the Hub URL; defaults to `HF_ENDPOINT` (https://huggingface.co).
 
-    The card pushed with a shard is the last `card_text` handed over; while none was, `card_for(shard)` (None here:
-    the shard goes alone; `seed_store.SeedHubPusher` renders the seed dataset's card).
+    The card pushed with a shard is the last `card_text` handed over (the seed store renders it); while none was, the
+    shard goes alone.
     """
 
     def __init__(
@@ -168,7 +168,7 @@ class ShardPusher:
     def submit(self, shard_path: str | Path, card_text: str | None = None) -> None:
         """Queues `shard_path` for upload and returns at once; shards whose earlier push failed are queued again first.
 
-        `card_text` replaces the dataset card from this push on; while none was ever given, the card is `card_for`'s.
+        `card_text` replaces the dataset card from this push on; while none was ever given, the shard goes alone.
         """
         shard = Path(shard_path).resolve()
         if not shard.is_file():
@@ -492,18 +492,12 @@ class ShardPusher:
             self._repo_ready = True
         with self._lock:
             card_text = self._card_text
-        if card_text is None:
-            card_text = self.card_for(shard)
         operations = [CommitOperationAdd(path_in_repo=f"{DATA_DIR}/{shard.name}", path_or_fileobj=str(shard))]
         if card_text is not None:
             operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card_text.encode()))
         self._api.create_commit(
             self.repo_id, operations, commit_message=f"Add seed shard {shard.name}", repo_type="dataset"
         )
-
-    def card_for(self, shard: Path) -> str | None:
-        """The dataset card pushed with `shard` while no `card_text` was handed over (None: the shard alone)."""
-        return None
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "<token>") if self._secret else text

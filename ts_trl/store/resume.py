@@ -235,6 +235,38 @@ def check_resume(
     return Resume(checkpoint, step, manifest, shards, pointer.get("state", {}))
 
 
+def main_process_resume(
+    accelerator,
+    checkpoint: str | os.PathLike,
+    manifest,
+    seeds_dir: Path,
+    tokenizer_fp: str,
+    reward_names: list[str],
+    provenance: dict | None,
+) -> Resume:
+    """What the main process's seeds say about resuming from `checkpoint`, on every rank (or its one line).
+
+    Only the main process reads the manifest (`manifest`: its `seeds_dir`'s, None on the other ranks) and the
+    checkpoint pointer: on node-local disks the other nodes may hold no seeds, or a stale copy of another timeline's,
+    so theirs are never consulted. `provenance`: where this run's `seed_dataset` came from (`check_seed_dataset_unchanged`).
+    A collective: every rank calls it.
+    """
+    resume, problem = None, None
+    if accelerator.is_main_process:
+        try:
+            resume = check_resume(checkpoint, manifest, seeds_dir, tokenizer_fp, reward_names)
+            check_seed_dataset_unchanged(checkpoint, resume.manifest, provenance)
+        except ValueError as error:
+            problem = str(error)
+    if accelerator.num_processes > 1:
+        problem, resume = broadcast_object_list([problem, resume])
+    if problem is not None:
+        raise ValueError(problem)
+    if not accelerator.is_main_process:  # this rank's own folder, for whatever copies it holds
+        resume.manifest.seeds_dir, resume.checkpoint = seeds_dir, Path(checkpoint)
+    return resume
+
+
 def check_seed_dataset_unchanged(checkpoint, manifest, provenance: dict | None) -> None:
     """A resumed run's `seed_dataset` must give the bank it gave: a same-tokenizer seed dataset is read afresh
     (text seeds come from the run's cache), so one that gained or lost rows would change the bank."""

@@ -1,10 +1,12 @@
 """The seed dataset's schema: its columns (`SEED_COLUMNS`, the multi-turn `TURN_COLUMNS`), `Rollout`, and the names
-a row carries (prompt ids, the tokenizer's fingerprint, the model's name). See docs/seed-dataset.md."""
+a row carries (prompt ids, the tokenizer's fingerprint, the model's name), and the checks of Arrow text every reader
+shares. See docs/seed-dataset.md."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -219,3 +221,28 @@ def model_name_of(model) -> str:
         return name
     parameters = sum(parameter.numel() for parameter in model.parameters())
     return f"a {model.config.model_type} model built in memory ({parameters / 1e6:.2f}M parameters)"
+
+
+def check_text(table: pa.Table, path: str | os.PathLike) -> pa.Table:
+    """`table`, once its text columns are checked to be UTF-8: Parquet readers do not check, and a bad byte would
+    otherwise surface as a `UnicodeDecodeError` at the first step that reads the row."""
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid as error:
+                raise ValueError(
+                    f"{path}: column {name!r} holds text that is not valid UTF-8 ({error}). Repair or remove the file."
+                ) from None
+    return table
+
+
+def string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes and offsets of an Arrow string array, without copying them."""
+    array = array.cast(pa.string()) if array.type != pa.string() else array
+    if array.null_count:
+        raise ValueError("The seed dataset has rows without a rollout_id or prompt_id; every row needs both.")
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int32)[array.offset : array.offset + len(array) + 1]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    return data, offsets.astype(np.int64)

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .bank import SeedBank
-from .dataset_card import dataset_card_for_shard
+from .dataset_card import dataset_card_of
 from .files import atomic_write_bytes, atomic_write_json, remove_stale_temporaries, same_file
 from .format import (
     BANK_DIR,
@@ -41,7 +42,7 @@ from .format import (
 )
 from .hub import ShardPusher
 from .lock import OutputDirLock
-from .resume import CHECKPOINT_POINTER, Resume, check_resume, check_seed_dataset_unchanged
+from .resume import CHECKPOINT_POINTER, Resume, main_process_resume
 from .schema import Rollout, model_name_of, rollouts_to_table, tokenizer_fingerprint, with_sampling_metadata
 
 logger = logging.getLogger(__name__)
@@ -133,23 +134,6 @@ class PendingRollout:
         return Rollout(**{**self.rollout.__dict__, "logprobs": logprobs})
 
 
-class SeedHubPusher(ShardPusher):
-    """The `hub.ShardPusher` of a run's seed shards: the dataset card pushed with a shard, until the store hands one
-    over, is rendered from the `manifest.json` beside it.
-
-    Args (beyond `ShardPusher`'s):
-        license: the license written in that card.
-    """
-
-    def __init__(self, repo_id: str, *args, license: str | None = None, **kwargs):
-        super().__init__(repo_id, *args, **kwargs)
-        self.license = license
-
-    def card_for(self, shard: Path) -> str:
-        manifest = SeedManifest.load(shard.parent)
-        return str(dataset_card_for_shard(shard, self.repo_id, license=self.license, manifest=manifest))
-
-
 class SeedStore:
     """Everything a seeded run persists, behind one object: the bank, run id, manifest, shards, pointers, Hub pushes.
 
@@ -169,8 +153,6 @@ class SeedStore:
         metrics: dict | None = None,
         external=None,
     ):
-        if not isinstance(settings, StoreSettings):  # a `SeedGRPOConfig`, as earlier releases took
-            settings = StoreSettings.of(settings)
         self.output_dir = Path(settings.output_dir)
         self.accelerator = accelerator
         self.model_name = model_name_of(model)
@@ -204,7 +186,7 @@ class SeedStore:
         self.damaged: set[str] = set()  # files of the manifest the resume found missing or damaged
         self.pusher = None
         if self.hub_dataset_id is not None and accelerator.is_main_process:
-            self.pusher = SeedHubPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
+            self.pusher = ShardPusher(self.hub_dataset_id, token=settings.hub_token, private=settings.hub_private)
             self.pusher.check_visibility()  # a private run stops here, before training, rather than leak its seeds
 
     @property
@@ -278,7 +260,9 @@ class SeedStore:
         listed = [s for s in self.manifest.shards if s["file"] not in self.damaged]
         shards = {self.manifest.resolve(s["file"]): s.get("sha256") for s in listed}
         shards = {path: sha256 for path, sha256 in shards.items() if path.is_file()}
-        card = self.dataset_card(list(shards)[-1], self.hub_dataset_id, local=False) if shards else None
+        # The card of the manifest in memory, with the columns of the newest listed shard (read once, at start).
+        columns = pq.read_schema(list(shards)[-1]).names if shards else None
+        card = self.dataset_card(columns, self.hub_dataset_id, local=False) if shards else None
         # Every listed name, damaged ones included: their copy on the Hub may be the only good one, never set aside.
         # A fresh run's manifest lists none: the repo's data/ shards are an earlier run's.
         names = [s["file"] for s in self.manifest.shards]
@@ -301,31 +285,13 @@ class SeedStore:
         """Lets go of the output_dir, at the end of `train` however it ended."""
         self.lock.release()
 
-    def check_resume(self, checkpoint: str | os.PathLike) -> Resume:
-        """The shards that rebuild the bank `checkpoint` saw (`resume.check_resume`), from this folder's manifest."""
-        manifest = SeedManifest.load(self.seeds_dir)
-        return check_resume(checkpoint, manifest, self.seeds_dir, self.tokenizer_fp, self.reward_names)
-
     def main_process_resume(self, checkpoint: str | os.PathLike) -> Resume:
-        """What the main process's seeds say about resuming from `checkpoint`, on every rank (or its one line).
-
-        Only the main process reads the manifest and the checkpoint pointer: on node-local disks the other nodes may
-        hold no seeds, or a stale copy of another timeline's, so theirs are never consulted.
-        """
-        resume, problem = None, None
-        if self.accelerator.is_main_process:
-            try:
-                resume = self.check_resume(checkpoint)
-                check_seed_dataset_unchanged(checkpoint, resume.manifest, self.external_provenance)
-            except ValueError as error:
-                problem = str(error)
-        if self.accelerator.num_processes > 1:
-            problem, resume = broadcast_object_list([problem, resume])
-        if problem is not None:
-            raise ValueError(problem)
-        if not self.accelerator.is_main_process:  # this rank's own folder, for whatever copies it holds
-            resume.manifest.seeds_dir, resume.checkpoint = self.seeds_dir, Path(checkpoint)
-        return resume
+        """What the main process's seeds say about resuming from `checkpoint`, on every rank (`resume.py`)."""
+        manifest = SeedManifest.load(self.seeds_dir) if self.accelerator.is_main_process else None
+        names, provenance = self.reward_names, self.external_provenance
+        return main_process_resume(
+            self.accelerator, checkpoint, manifest, self.seeds_dir, self.tokenizer_fp, names, provenance
+        )
 
     def check_unchanged(self) -> None:
         """Stops the run in one line when the files its manifest lists vanished from disk while it trained (all
@@ -452,9 +418,11 @@ class SeedStore:
             self.manifest.record(step, table.num_rows, checksum, bank_checksum)
             self.manifest.save()
             self.unsnapshotted = []
-            self.write_dataset_card(path)
+            # This snapshot's cards, from the manifest in memory and the columns of the shard just written (nothing is
+            # read back): the folder's README.md and, with a pusher, the repo's (it names the repo and its data/).
+            self.write_dataset_card(table.column_names)
             if self.pusher is not None:
-                card = self.dataset_card(path, self.hub_dataset_id, local=False)
+                card = self.dataset_card(table.column_names, self.hub_dataset_id, local=False)
                 self.pusher.submit(path, card_text=str(card))  # returns at once; the upload runs in the background
                 for name, value in self.pusher.status().items():
                     if isinstance(value, int):
@@ -462,17 +430,16 @@ class SeedStore:
         self._attach_snapshot(step, bank_checksum)
         return path
 
-    def dataset_card(self, shard: Path, dataset_id: str, local: bool):
-        """The card of this run's seed dataset, as of the manifest beside `shard`."""
-        manifest = SeedManifest.load(Path(shard).parent)
+    def dataset_card(self, columns: list[str], dataset_id: str, local: bool):
+        """The card of this run's seed dataset, from its manifest as held in memory and its shards' `columns`."""
         license, model_id = self.card_license, self.trained_model_id
-        return dataset_card_for_shard(
-            shard, dataset_id, license=license, trained_model_id=model_id, local=local, manifest=manifest
+        return dataset_card_of(
+            self.manifest, columns, dataset_id, license=license, trained_model_id=model_id, local=local
         )
 
-    def write_dataset_card(self, shard: Path) -> None:
+    def write_dataset_card(self, columns: list[str]) -> None:
         """Writes `seeds/README.md` for the local layout, so that `load_dataset(<seeds folder>)` reads this run's shards."""
-        card = self.dataset_card(shard, str(self.seeds_dir), local=True)
+        card = self.dataset_card(columns, str(self.seeds_dir), local=True)
         atomic_write_bytes(self.seeds_dir / "README.md", str(card).encode())
 
     def _attach_snapshot(self, step: int, checksum: str | None) -> None:

@@ -78,6 +78,7 @@ from .seed_batch import (
 from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
 from .shared_prefix import SharedPrefixForward
+from .trace_scores import success_scorer
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
 
 
@@ -166,8 +167,7 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
             tokenizer,
             tokenizer_fingerprint(tokenizer),
             self.train_dataset,
-            self.reward_funcs,
-            self.reward_func_names,
+            success_scorer(self.reward_funcs, self.reward_func_names, success_reward, self.train_dataset),
             success_reward,
             template=turns if self.tools else None,
         )
