@@ -9,10 +9,10 @@ from ts_trl.trainer.notices import quiet_dependencies
 
 quiet_dependencies()  # a command may quiet its dependencies (a library may not): before TRL or DeepSpeed loads
 
-from ts_trl.cli.early import answer_early  # noqa: E402
+from ts_trl.cli.refusals import refuse_bad_recipe  # noqa: E402
 
 if __name__ == "__main__":
-    answer_early("train.py")  # the cached help, or settings a dataset run lacks, before TRL is imported
+    refuse_bad_recipe("train.py")  # a missing or broken --config recipe, before TRL is imported
 
 from ts_trl.cli.arguments import make_parser, parse_args  # noqa: E402
 from ts_trl.cli.environment import fail_clearly  # noqa: E402

@@ -27,7 +27,7 @@ def _run(args, tmp_path, **env):
     )
 
 
-def test_train_help_shows_general_defaults_lists_config_and_is_answered_without_trl(tmp_path):
+def test_train_help_shows_general_defaults_and_lists_config(tmp_path):
     first = _run(["train", "--help"], tmp_path, COLUMNS="100")
     assert first.returncode == 0, first.stderr
     text = " ".join(first.stdout.split())
@@ -40,30 +40,12 @@ def test_train_help_shows_general_defaults_lists_config_and_is_answered_without_
     assert "--config RECIPE A recipe: a YAML file of these flags, or a shipped recipe's name (embedded," in text
     assert "--output_dir" in text and not DASH_FLAG.search(first.stdout), DASH_FLAG.findall(first.stdout)
     assert "Setting accelerator to CPU" not in first.stdout + first.stderr
-    assert "ts_trl train: building the help: importing TRL" in first.stderr  # said before the wait, not after
-
-    # The second time, the same text comes from the cache: a `trl` or `torch` that cannot be imported does not matter.
-    broken = tmp_path / "broken"
-    for name in ("trl", "torch"):
-        (broken / name).mkdir(parents=True)
-        (broken / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
-    second = _run(["train", "--help"], tmp_path, COLUMNS="100", PYTHONPATH=f"{broken}{os.pathsep}{ROOT}")
-    assert second.returncode == 0 and second.stdout == first.stdout, second.stderr
-    assert "building the help" not in second.stderr
-
-
-def _broken(tmp_path) -> Path:
-    """A folder whose `trl` and `torch` fail to import: put first on PYTHONPATH, it shows what a command needed."""
-    broken = tmp_path / "broken"
-    for name in ("trl", "torch", "transformers"):
-        (broken / name).mkdir(parents=True)
-        (broken / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
-    return broken
 
 
 @pytest.mark.parametrize("command", [["-m", "ts_trl", "train"], ["train.py"]])
-def test_settings_a_dataset_run_lacks_are_named_at_once_before_trl_is_imported(command, tmp_path):
-    environment = {**os.environ, "PYTHONPATH": f"{_broken(tmp_path)}{os.pathsep}{ROOT}"}
+def test_settings_a_dataset_run_lacks_are_named_at_once(command, tmp_path):
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    environment.pop("PYTHONWARNINGS", None)
     result = subprocess.run(
         [sys.executable, *command, "--dataset_path", str(tmp_path / "none.jsonl"), "--output_dir", str(tmp_path)],
         capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600,

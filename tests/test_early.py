@@ -1,7 +1,7 @@
-"""Bad input to `ts_trl train` and `train.py`, answered before torch, transformers and TRL are imported: one line, exit
-status 2, the same line the full parser gives, and the table of flags that makes it possible kept equal to the parser."""
+"""Bad input to `ts_trl train` and `train.py`: one `prog: error: ...` line, exit status 2, the line the parser
+(`arguments.parse_args`) raises in-process; a broken recipe is refused before torch, transformers and TRL are imported.
+Which module owns which refusal: ts_trl/cli/__init__.py."""
 
-import json
 import os
 import subprocess
 import sys
@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ts_trl.cli.arguments import make_parser, parse_args, run_defaults
-from ts_trl.cli.early import input_problems, read_recipe, rule_values, run_kind
-from ts_trl.cli.flag_table import SHIPPED_TABLE, load_table, table_of
+from ts_trl.cli.arguments import make_parser, parse_args, run_kind
 from ts_trl.cli.refusals import ConfigError
-from ts_trl.method.settings import RULE_FIELDS
-from ts_trl.rewards import REWARD_NAMES, get_reward_funcs
+from ts_trl.rewards import get_reward_funcs
 from ts_trl.store.checkpoints import TRAINER_STATE, last_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,15 +89,17 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
             ["--seed_fractoin", "0.3", "--no_such_flag", "1", *fresh],
             ["unknown flag(s): --seed_fractoin (did you mean --seed_fraction?), --no_such_flag."],
         ),
-        "bad values": (
-            ["--learning_rate", "abc", "--use_cpu", "maybe", "--task", "nope", *fresh],
-            ["--learning_rate abc: expected a number.", "--use_cpu maybe: expected true or false.", "--task nope"],
+        "value that does not parse": (
+            ["--learning_rate", "abc", *fresh],
+            ["argument --learning_rate: invalid float value: 'abc'."],
         ),
+        "value not among the choices": (["--task", "nope", *fresh], ["argument --task: invalid choice: 'nope'"]),
         "bad recipe": (
             ["--config", str(recipe), *fresh],
             [
                 "unknown key(s): seed_fractoin (did you mean seed_fraction?)",
-                "learning_rate: [1, 2]: expected a single",
+                "learning_rate: [1, 2]: expected a single value",
+                "task: nope: choose one of add, chain,",
             ],
         ),
         "no such recipe": (["--config", "no_such_recipe", *fresh], ["no such recipe file, nor a shipped recipe"]),
@@ -151,37 +150,37 @@ CASES = list(_cases(Path("/nonexistent")))  # the names only: the folders are ma
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("command", COMMANDS)
-def test_bad_input_is_one_line_before_the_heavy_imports(command, case, tmp_path):
-    argv, named = _cases(tmp_path)[case]
-    status, lines, imported = _run(command, argv, tmp_path)
-    assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{command}: error: "), lines
-    assert all(part in lines[0] for part in named), lines[0]
-    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
-    assert not (tmp_path / "fresh").exists() and (tmp_path / "resumable" / "checkpoint-8").exists()
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_the_full_parser_says_the_same_line(case, tmp_path, monkeypatch):
-    """One source of truth: the parser, once TRL is imported, refuses each case with the line given before it."""
+def test_bad_input_is_one_line_and_the_parsers_own(case, tmp_path, monkeypatch):
+    """Every refusal: one line and exit status 2 from the command, the line `parse_args` raises in-process, and
+    nothing written."""
     monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
-    argv, _ = _cases(tmp_path)[case]
-    _, lines, _ = _run("ts_trl train", argv, tmp_path)
+    argv, named = _cases(tmp_path)[case]
+    status, lines, _ = _run("ts_trl train", argv, tmp_path)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("ts_trl train: error: "), lines
+    assert all(part in lines[0] for part in named), lines[0]
+    assert not (tmp_path / "fresh").exists() and (tmp_path / "resumable" / "checkpoint-8").exists()
     with pytest.raises(ConfigError) as refused:
         parse_args(make_parser(prog="ts_trl train"), argv)
     assert lines == [f"ts_trl train: error: {' '.join(str(refused.value).split())}"]
 
 
-def test_the_shipped_table_is_the_parsers(tmp_path, monkeypatch):
-    """`train_flags.json` holds the flags of the live parser (regenerate it with `python -m ts_trl.cli.flag_table`);
-    with other TRL or transformers versions than it was made with, it is not used: the checks wait for the parser."""
-    live = json.loads(json.dumps(table_of(make_parser(), run_defaults(), REWARD_NAMES)))
-    shipped = json.loads(SHIPPED_TABLE.read_text())
-    if shipped["versions"] != live["versions"]:
-        monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "empty-cache"))
-        assert load_table() is None
-        return
-    assert shipped == live, "the flags changed: python -m ts_trl.cli.flag_table writes the table again"
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_broken_recipe_is_refused_before_the_heavy_imports(command, tmp_path):
+    """The one refusal that needs no parser comes before torch, transformers and TRL, under both commands."""
+    (tmp_path / "list.yaml").write_text("- a list\n")
+    for argv, named in (
+        (["--config", "no_such_recipe"], "no such recipe file, nor a shipped recipe"),
+        (["--config", str(tmp_path / "list.yaml")], "a recipe must be a YAML mapping"),
+        (["--config"], "--config needs a recipe file"),
+    ):
+        status, lines, imported = _run(command, argv, tmp_path)
+        assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{command}: error: "), lines
+        assert named in lines[0] and not imported & set(HEAVY), (lines, sorted(imported & set(HEAVY)))
+
+
+def test_train_py_refuses_in_its_own_name(tmp_path):
+    status, lines, _ = _run("train.py", ["--seed_fraction", "2", "--output_dir", str(tmp_path / "out")], tmp_path)
+    assert status == 2 and lines == ["train.py: error: seed_fraction must lie in [0, 1], got 2.0."], lines
 
 
 def test_the_checkpoint_found_is_transformers_one(tmp_path):
@@ -196,25 +195,24 @@ def test_the_checkpoint_found_is_transformers_one(tmp_path):
     assert str(last_checkpoint(tmp_path)) == get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
 
 
-def test_good_input_reaches_the_full_parser(tmp_path):
-    """A command line with nothing wrong that the table can see is not refused early: the run goes on to import TRL
-    (stopped here by GRPOConfig's own rule, which only TRL knows)."""
-    status, lines, imported = _run("ts_trl train", ["--num_generations", "7", "--output_dir", str(tmp_path)], tmp_path)
+def test_trls_own_rules_refuse_in_one_line(tmp_path):
+    """What only TRL knows (GRPOConfig's own rule) is refused in the same one-line form."""
+    status, lines, _ = _run("ts_trl train", ["--num_generations", "7", "--output_dir", str(tmp_path)], tmp_path)
     assert status == 2 and lines[-1].startswith("ts_trl train: error: generation_batch_size (256) must be"), lines
-    assert set(HEAVY) <= imported
 
 
 @pytest.mark.parametrize("name", ["accuracy", "no_such_package.rewards:f", "no_such_module.f"])
-def test_a_reward_name_refused_early_is_refused_by_the_registry_in_the_same_words(name, tmp_path):
-    """The early check imports no reward; what it refuses, `get_reward_funcs` (which does) refuses alike."""
+def test_a_reward_name_refused_by_the_parser_is_refused_by_the_registry_in_the_same_words(name, tmp_path):
+    """The parser's check imports no reward; what it refuses, `get_reward_funcs` (which does) refuses alike."""
     _, lines, _ = _run("ts_trl train", ["--reward_funcs", name, "--output_dir", str(tmp_path / "out")], tmp_path)
     with pytest.raises(ValueError) as refused:
         get_reward_funcs([name])
     assert lines == [f"ts_trl train: error: {refused.value}"]
 
 
-def test_a_reward_module_of_the_working_folder_is_found_early(tmp_path):
-    """`get_reward_funcs` imports from the working folder: a module there is not refused early (nor imported)."""
+def test_a_reward_module_of_the_working_folder_is_found_by_the_parser(tmp_path):
+    """`get_reward_funcs` imports from the working folder: a module there is not refused (nor imported) by the
+    parser's check."""
     (tmp_path / "my_rewards.py").write_text("raise SystemExit('imported early')\n")
     status, lines, imported = _run(
         "train.py", ["--reward_funcs", "my_rewards:f", "--num_generations", "7"], tmp_path, cwd=tmp_path
@@ -223,14 +221,13 @@ def test_a_reward_module_of_the_working_folder_is_found_early(tmp_path):
     assert "my_rewards" not in imported
 
 
-def test_a_checkpoint_to_resume_from_reaches_the_full_parser(tmp_path):
-    """A checkpoint folder (its trainer state written) is not refused early, nor its output folder as an earlier run's."""
+def test_a_checkpoint_to_resume_from_is_not_refused(tmp_path):
+    """A checkpoint folder (its trainer state written) is not refused, nor its output folder as an earlier run's."""
     _cases(tmp_path)
     resume = ["--resume_from_checkpoint", "resumable/checkpoint-4", "--output_dir", "resumable"]
     argv = [*resume, "--num_generations", "7"]
-    status, lines, imported = _run("ts_trl train", argv, tmp_path, cwd=tmp_path)
+    status, lines, _ = _run("ts_trl train", argv, tmp_path, cwd=tmp_path)
     assert status == 2 and "generation_batch_size (256) must be divisible" in lines[-1], lines
-    assert set(HEAVY) <= imported
 
 
 def _data_files(tmp: Path, rows: list[dict]) -> list[Path]:
@@ -255,17 +252,16 @@ def _data_files(tmp: Path, rows: list[dict]) -> list[Path]:
         ([{"question": "1+1?", "answer": "2"}], {"domain": "code"}),
     ],
 )
-def test_a_data_files_columns_are_told_early_as_the_loaded_dataset_tells_them(rows, settings, tmp_path):
+def test_a_data_files_columns_are_told_before_loading_as_the_loaded_dataset_tells_them(rows, settings, tmp_path):
     """The columns read from a file's first row or schema are those of the dataset `datasets` loads, and the columns
     refused early are refused by `to_prompt_dataset` in the same words."""
-    from ts_trl.cli.columns import first_row_columns
+    from ts_trl.cli.columns import columns_problem, first_row_columns
     from ts_trl.cli.data import read_local, to_prompt_dataset
-    from ts_trl.cli.early import _columns_problem
 
     for path in _data_files(tmp_path, rows):
         dataset = read_local(str(path))
         assert first_row_columns(path) == dataset.column_names, path.name
-        early = _columns_problem({"dataset_path": str(path), **settings})
+        early = columns_problem({"dataset_path": str(path), **settings})
         try:
             to_prompt_dataset(dataset, **settings)
             loaded = None
@@ -274,57 +270,8 @@ def test_a_data_files_columns_are_told_early_as_the_loaded_dataset_tells_them(ro
         assert early == loaded, path.name
 
 
-def _rule_runs(tmp: Path) -> dict[str, list[str]]:
-    """Command lines of every kind of run, each with its own defaults of the seeding settings."""
-    model = tmp / "model"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")
-    data = tmp / "data.jsonl"
-    data.write_text('{"question": "1+1?", "answer": "2"}\n')
-    recipe = tmp / "recipe.yaml"
-    recipe.write_text("task: chain\nseed_method: replay\nnum_generations: 4\ncut_ratio_max: 0.5\n")
-    dataset = ["--dataset_path", str(data), "--model_name_or_path", str(model), "--reward_funcs", "math"]
-    return {
-        "embedded default": [],
-        "task": ["--task", "chat-add", "--seed_fraction", "0.25"],
-        "task=": ["--task=calculator", "--cut_ratio_min", "0.3"],
-        "dataset": [*dataset, "--seed_snapshot_steps", "3"],
-        "shipped recipe": ["--config", "smollm2-135m_chat-add_lora", "--replay_per_group", "2"],
-        "recipe under flags": ["--config", str(recipe), "--replay_per_group", "3"],
-    }
-
-
-@pytest.mark.parametrize("run", list(_rule_runs(Path("/nonexistent"))))
-def test_the_early_rule_values_are_the_configs(run, tmp_path, monkeypatch):
-    """The seeding settings the early checks read (the run's defaults under the given values) are those
-    `SeedGRPOConfig` ends with: early never refuses what the full parser accepts, nor checks other values."""
-    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
-    argv = [*_rule_runs(tmp_path)[run], "--output_dir", str(tmp_path / "out")]
-    table = json.loads(json.dumps(table_of(make_parser(), run_defaults(), REWARD_NAMES)))  # as read back from the file
-    early_argv = list(argv)
-    path, recipe = read_recipe(early_argv)
-    settings, problems = input_problems(table, early_argv, recipe, path)
-    assert not problems
-    _, training_args, _ = parse_args(make_parser(prog="ts_trl train"), argv)
-    assert rule_values(table, settings) == {name: getattr(training_args, name) for name in RULE_FIELDS}
-
-
 def test_the_kind_of_run_picks_the_defaults():
     """A model or dataset named anywhere: the dataclasses' defaults; else the built-in task's, from the flag or the
-    recipe (`--task X`, `--task=X` and abbreviations all parse to one value)."""
+    recipe."""
     assert run_kind({}) == "default" and run_kind({"task": "chain"}) == "chain"
     assert run_kind({"task": "chain", "dataset_path": "d.jsonl"}) == run_kind({"model_name_or_path": "m"}) == ""
-    assert set(run_defaults()) == {"", "default", *make_parser()._option_string_actions["--task"].choices}
-
-
-def test_the_first_help_says_it_is_building_before_the_heavy_imports(tmp_path):
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TS_TRL_CACHE": str(tmp_path / "cache"), "COLUMNS": "100"}
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "ts_trl", "train", "--help"],
-        capture_output=True, text=True, env=environment, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0 and "--output_dir" in result.stdout
-    lines = result.stderr.splitlines()
-    (building,) = [i for i, line in enumerate(lines) if line.startswith("ts_trl train: building the help: importing")]
-    first_heavy = min(i for i, line in enumerate(lines) if line.rsplit("|", 1)[-1].strip() in HEAVY)
-    assert building < first_heavy

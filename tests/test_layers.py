@@ -67,9 +67,6 @@ MODULES = _modules()
 MOST_FLOORS = 7  # the package, counted from the imports of its rooms (subpackages and top-level modules)
 MOST_FLOORS_INSIDE = {"store": 3}  # a subpackage's own floors, counted from imports among its modules; others: 4
 DEFAULT_FLOORS_INSIDE = 4
-# The one known circle, closed by a lazy import (`cli/flag_table.py`, which imports `cli.arguments` to regenerate its
-# table): the cli rework of issue 56 (item 1) removes the table and its generator. Drop this exception with it.
-KNOWN_LAZY_EDGES = {("ts_trl.cli.flag_table", "ts_trl.cli.arguments")}
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -77,7 +74,7 @@ def _module_graph() -> dict[str, set[str]]:
     import, not the dependency: a circle through one is still a circle)."""
     return {
         name: {
-            t for t, _, _ in _imports(name, path) if t in MODULES and t != name and (name, t) not in KNOWN_LAZY_EDGES
+            t for t, _, _ in _imports(name, path) if t in MODULES and t != name
         }
         for name, path in MODULES.items()
     }

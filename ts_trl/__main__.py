@@ -10,8 +10,7 @@ import argparse
 import sys
 from importlib import import_module
 
-from .cli.early import answer_early
-from .cli.flags import HELP_FLAGS
+from .cli.refusals import refuse_bad_recipe
 from .trainer.notices import quiet_dependencies
 
 # Analysis commands: the module whose `main(argv)` runs it, and its one-line help.
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         parser = make_parser()
-        if argv and argv[0] not in HELP_FLAGS:
+        if argv and argv[0] not in ("-h", "--help"):
             parser.print_usage(sys.stderr)
             print(f"ts_trl: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
             return 2
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "train":
         prog = "ts_trl train"
         try:
-            answer_early(prog, argv[1:])  # the cached help, or missing settings, before TRL is imported
+            refuse_bad_recipe(prog, argv[1:])  # before TRL is imported: a recipe needs no parser
         except SystemExit as done:
             return done.code
         from .cli.train import run  # lazy: start-up time (`ts_trl <command> --help` without TRL)

@@ -1,138 +1,89 @@
 """The arguments of `ts_trl train`: TRL's script, GRPO and model arguments plus the seeding and embedded-task ones,
-recipes (`--config`), and the embedded default's values."""
+parsed by TRL's `TrlParser`, with recipes (`--config`) and the embedded default's values (the shipped `embedded`
+recipe)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import difflib
+import re
 import sys
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from ..embedded.tasks import DEFAULT_TASK, TASKS, task_spec
-from ..method.settings import RULE_FIELDS
-from ..rewards import REWARD_NAMES
+from ..embedded.tasks import DEFAULT_TASK, TASKS, recipe_values, task_spec
+from ..rewards import REWARD_NAMES, reward_problems
+from ..smollm2 import SMOLLM2_NAME
 from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
-from .early import (  # noqa: F401 (resolve_recipe: re-exported)
-    input_problems,
+from .columns import columns_problem
+from .environment import check_output_dir, cpu_only, skip_deepspeed_shm_build
+from .flags import DefaultsHelpFormatter
+from .refusals import (  # noqa: F401 (resolve_recipe: re-exported)
+    DATASET_KEYS,
+    SOURCE_KEYS,
+    ConfigError,
+    missing_settings,
+    model_source_problem,
+    quantized_without_model,
     read_recipe,
     resolve_recipe,
-    run_kind,
+    settings_of_other_data,
     shipped_names,
 )
-from .environment import check_output_dir, cpu_only, skip_deepspeed_shm_build
-from .flag_table import store_table, table_of
-from .flags import DefaultsHelpFormatter, store_help, wants_help
-from .refusals import ConfigError
 
-# Used when neither a model nor a dataset is named (on the command line or in the --config recipe). Sized so that
-# the whole run fits in minutes on two CPU cores; recipes/embedded.yaml holds the same values, a test checks it.
-EMBEDDED_DEFAULTS = {
-    "output_dir": "runs/embedded",
-    "use_cpu": True,
-    "seed": 0,
-    # Chosen by on-policy GRPO's held-out gain alone (research/results-add.md, "How the task and budget were chosen"):
-    # with 8 prompts per step, lr 1e-4 stayed flat and 2e-4 or more fell; 32 prompts per step at 1e-4 rose.
-    "learning_rate": 1e-4,
-    "lr_scheduler_type": "constant",
-    "per_device_train_batch_size": 256,  # 32 prompt groups of eight per step
-    "num_generations": 8,
-    "max_completion_length": 32,  # the longest solution is 26 characters and EOS
-    "temperature": 1.0,
-    "beta": 0.0,
-    "activation_checkpointing": False,  # the tiny model fits easily; recomputing its forward pass only costs time
-    "max_steps": 300,  # the seeded main job still gains from 200 to 300 (research/results-add.md)
-    "save_steps": 20,
-    "logging_steps": 5,
-    "report_to": "none",
-    "seed_method": "seeds",
-    "seed_fraction": 0.5,
-    "cut_ratio_min": 0.1,
-    "cut_ratio_max": 0.9,
-    "prefix_mode": "state",
-    "seed_selection": "uniform",
-    "reward_funcs": ["embedded"],
-    "card_license": "apache-2.0",  # the package's own model and task
-}
+# Used when neither a model nor a dataset is named (on the command line or in the --config recipe): the shipped
+# `embedded` recipe is their one home. Sized so that the whole run fits in minutes on two CPU cores.
+EMBEDDED_DEFAULTS = recipe_values("embedded")
 
 
 @dataclass
 class SeedScriptArguments(ScriptArguments):
-    r"""
-    Script arguments of `ts_trl train`: TRL's [`~trl.ScriptArguments`] plus the fields below.
-
-    Parameters:
-        > Parameters that control the data
-
-        dataset_path (`str`, *optional*):
-            Local data instead of `dataset_name`: a `.jsonl`/`.json`/`.parquet`/`.csv` file, or a folder of them.
-        prompt_column (`str`, *optional*):
-            Column holding the prompt; auto-detected among common names (`problem`, `question`, `prompt`, ...).
-        answer_column (`str`, *optional*):
-            Column holding the reference: the final answer (math) or the tests (code); auto-detected if unset.
-        domain (`str`, *optional*, defaults to `"math"`):
-            `"math"` (rows get `prompt`, `answer`) or `"code"` (rows get `prompt`, `tests`).
-        system_prompt (`str`, *optional*):
-            Prepended to every prompt (as a system message when `conversational`).
-        conversational (`bool`, *optional*, defaults to `False`):
-            Turn prompts into chat messages, so the tokenizer's chat template is applied.
-        max_train_samples (`int`, *optional*):
-            Keep only the first rows of the training split.
-        reward_funcs (`list[str]`, *optional*):
-            Reward functions by registry name (`math`, `format`, `code`, `binary_code`, `embedded`) or dotted path
-            (`my_pkg.rewards:my_reward`). Defaults to `embedded` on the built-in task; required otherwise.
-
-        > Parameters of the embedded default (used when no dataset is given)
-
-        task (`str`, *optional*, defaults to `"add"`):
-            The built-in task: `add` (add 2-3 numbers), `chain` (4-6 digits whose wrong partial sums can be
-            repaired, with a 3-layer model and a 72-token budget; `embedded_difficulty` does not apply) or
-            `chain-strict` (the same, scored by the whole chain). See docs/chain-task.md. The agent tasks add 2-3
-            numbers through tool calls: `calculator` (the tool `add(a, b)`) or `register` (an environment whose
-            `add(n)` and `read()` change a register); 400 warm-up steps, 96 tokens. See docs/agent-task.md.
-        embedded_difficulty (`int`, *optional*, defaults to `2`):
-            Most additions per problem of the built-in task: 3 numbers, the hard, sparse-reward slice (warm pass@1
-            about 0.16 at temperature 1, against 0.45 for 2 numbers).
-        embedded_min_difficulty (`int`, *optional*, defaults to `1`):
-            Fewest additions per problem; each level from here to `embedded_difficulty` is equally likely.
-        embedded_train_problems (`int`, *optional*, defaults to `896`):
-            Size of the built-in training set: too many to memorise, few enough that prompts come back (about eleven
-            times each in the default run, the first time at step 29 of 300) and find seeds in the bank. 64 with
-            `calculator` or `register` (8 prompts a step: seeding starts at step 11 of 100).
-        embedded_eval_problems (`int`, *optional*, defaults to `256`):
-            Size of the held-out set on which pass@1 is measured during training (0: no evaluation).
-        embedded_eval_samples (`int`, *optional*, defaults to `8`):
-            Sampled completions per held-out problem for pass@1.
-        embedded_eval_every (`int`, *optional*, defaults to `20`):
-            Held-out pass@1 every this many steps for the learning curve (`learning_curve.png`; 0: start and end).
-        embedded_warmup_steps (`int`, *optional*, defaults to `600`):
-            Supervised warm-up steps of the tiny model (cached on disk; only used when no model is given); 700 by
-            default with `--task chain` or `chain-strict`, 400 with `calculator` or `register`.
-    """
+    """Script arguments of `ts_trl train`: TRL's [`~trl.ScriptArguments`], the data of a dataset run and the
+    built-in task's (used when no dataset is given; see docs/chain-task.md and docs/agent-task.md); each field's help
+    says what it does."""
 
     dataset_path: str | None = field(
-        default=None, metadata={"help": "Local .jsonl/.json/.parquet/.csv file or folder, instead of dataset_name."}
+        default=None,
+        metadata={
+            "help": "Local data instead of dataset_name: a .jsonl/.json/.parquet/.csv file, or a folder of them."
+        },
     )
-    prompt_column: str | None = field(default=None, metadata={"help": "Prompt column (auto-detected if unset)."})
+    prompt_column: str | None = field(
+        default=None, metadata={"help": "Prompt column; auto-detected among common names (problem, question, ...)."}
+    )
     answer_column: str | None = field(
-        default=None, metadata={"help": "Answer (math) or tests (code) column (auto-detected if unset)."}
+        default=None, metadata={"help": "Answer (math) or tests (code) column; auto-detected if unset."}
     )
-    domain: str = field(default="math", metadata={"help": "'math' or 'code'.", "choices": ["math", "code"]})
-    system_prompt: str | None = field(default=None, metadata={"help": "Prepended to every prompt."})
+    domain: str = field(
+        default="math",
+        metadata={"help": "'math' (rows get prompt, answer) or 'code' (prompt, tests).", "choices": ["math", "code"]},
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "Prepended to every prompt (a system message when conversational)."}
+    )
     conversational: bool = field(default=False, metadata={"help": "Make prompts chat messages (chat template)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first rows for training."})
     reward_funcs: list[str] | None = field(
         default=None,
-        metadata={"help": "Reward names (math, format, code, binary_code, embedded) or dotted paths (pkg.mod:func)."},
+        metadata={
+            "help": "Reward names (math, format, code, binary_code, embedded) or dotted paths (pkg.mod:func); "
+            "required with a dataset."
+        },
     )
     task: str = field(
         default="add",
-        metadata={"help": "Built-in task: " + ", ".join(TASKS) + ".", "choices": list(TASKS)},
+        metadata={
+            "help": "Built-in task: " + ", ".join(TASKS) + " (docs/chain-task.md, docs/agent-task.md).",
+            "choices": list(TASKS),
+        },
     )
+    # The hard, sparse-reward slice: warm pass@1 about 0.16 with 3 numbers at temperature 1, against 0.45 for 2.
     embedded_difficulty: int = field(default=2, metadata={"help": "Built-in task: most additions per problem."})
     embedded_min_difficulty: int = field(default=1, metadata={"help": "Built-in task: fewest additions per problem."})
+    # Too many to memorise, few enough that prompts come back (about eleven times each in the default run, the first
+    # time at step 29 of 300) and find seeds in the bank.
     embedded_train_problems: int = field(
         default=896, metadata={"help": "Built-in task: training problems (64 with --task calculator or register)."}
     )
@@ -144,12 +95,9 @@ class SeedScriptArguments(ScriptArguments):
         default=20, metadata={"help": "Built-in task: held-out pass@1 every N steps for the learning curve."}
     )
     embedded_warmup_steps: int = field(
-        default=600, metadata={"help": "Supervised warm-up steps of the tiny model (cached; 700 with --task chain)."}
+        default=600,
+        metadata={"help": "Supervised warm-up steps of the tiny model (cached; 700 with --task chain, 400 agents)."},
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Arguments
 
 
 TRAIN_DESCRIPTION = (
@@ -159,22 +107,27 @@ TRAIN_DESCRIPTION = (
 )
 
 
-def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None) -> TrlParser:
-    """The parser of `ts_trl train` (a subcommand of `subparsers` when given), as TRL's scripts build theirs.
+class SeedParser(TrlParser):
+    """TRL's parser, whose own refusals (a value that does not parse, a flag without its value) raise `ConfigError`
+    (one line) instead of printing the usage and exiting."""
+
+    def error(self, message):
+        raise ConfigError(re.sub(r"(--\w+)(/--[\w-]+)+", r"\1", message).rstrip(".") + ".")  # one spelling per flag
+
+
+def make_parser(prog: str | None = None) -> SeedParser:
+    """The parser of `ts_trl train`, as TRL's scripts build theirs.
 
     Its help shows the defaults of TRL's fields as they hold in general, each with the embedded default's value where
     that differs, and lists `--config`.
     """
-    kwargs = {
-        "dataclass_types": (SeedScriptArguments, SeedGRPOConfig, ModelConfig),
-        "formatter_class": DefaultsHelpFormatter,
-        "description": TRAIN_DESCRIPTION,
-        "usage": "%(prog)s [--config RECIPE] [--<flag> VALUE ...]",
-    }
-    if subparsers is not None:
-        parser = subparsers.add_parser("train", help=TRAIN_DESCRIPTION.split(":")[0], **kwargs)
-    else:
-        parser = TrlParser(prog=prog, **kwargs)
+    parser = SeedParser(
+        (SeedScriptArguments, SeedGRPOConfig, ModelConfig),
+        prog=prog,
+        formatter_class=DefaultsHelpFormatter,
+        description=TRAIN_DESCRIPTION,
+        usage="%(prog)s [--config RECIPE] [--<flag> VALUE ...]",
+    )
     # TrlParser reads --config itself before argparse parses; declared here so that --help lists it, first.
     config = parser.add_argument(
         "--config",
@@ -198,23 +151,19 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     """`parser.parse_args_and_config`, with the embedded defaults when no model or dataset is named anywhere.
 
     `--config` takes a recipe file or the name of a shipped recipe (`embedded`, `qwen2.5-math-1.5b_gsm8k`, ...).
-    Bad input raises `ConfigError`: first every problem `early.input_problems` finds (the checks `ts_trl train` makes
-    before TRL is imported, here on the live parser's flags), then the parser's and the dataclasses' own.
+    Bad input raises `ConfigError`: argparse's own refusals, then every problem of the flags and recipe given
+    (`input_problems`) in one sentence, then the dataclasses' own checks (the seeding rules among them), then
+    the output folder.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    table = table_of(parser, run_defaults(), REWARD_NAMES)
-    store_table(table)  # the next command checks its flags before importing TRL, whatever TRL's version
-    if wants_help(argv) and "--config" not in argv:
-        # The general defaults, not the embedded default's or this machine's; saved for the next --help.
-        text = parser.format_help()
-        store_help(parser.prog, text)
-        print(text, end="")
-        raise SystemExit(0)
     path, recipe = read_recipe(argv)
-    settings, problems = input_problems(table, argv, recipe, path)
+    given = given_flags(parser, argv)
+    recipe_problems = _recipe_problems(parser, recipe, path)
+    settings = {**{key: value for key, value in recipe.items() if key != "env"}, **given}
+    problems = recipe_problems + input_problems(settings, set(settings), REWARD_NAMES)
     if problems:
         raise ConfigError(" ".join(problems))
-    kind = run_kind(settings)  # the defaults the early checks assumed: the same rule picks them here
+    kind = run_kind(settings)
     if kind:
         spec = task_spec(DEFAULT_TASK if kind == "default" else kind)
         unused = parser.set_defaults_with_config(**{**EMBEDDED_DEFAULTS, **spec.train_defaults})
@@ -227,24 +176,95 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
         parser.set_defaults_with_config(bf16=False, **({} if is_deepspeed() else {"use_cpu": True}))
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    except ValueError as error:  # what the table does not show: the dataclasses' own checks
+    except ValueError as error:  # the dataclasses' own checks: SeedGRPOConfig's seeding rules, TRL's, transformers'
         raise ConfigError(str(error).replace("\n", " ")) from error
     check_output_dir(training_args)
     return script_args, training_args, model_args
 
 
-def run_defaults() -> dict[str, dict]:
-    """The defaults of each kind of run (`early.run_kind`) for the settings checked before TRL is imported: the
-    output folder and the settings of the seeding rules. A named model's or dataset's (`""`) are `SeedGRPOConfig`'s
-    own; a built-in task's (`"default"`: `--task`'s default) the embedded default's and the task's over them."""
-    names = ("output_dir", *RULE_FIELDS)
-    own = {f.name: f.default for f in dataclasses.fields(SeedGRPOConfig) if f.name in names}
-    tasks = {}
-    for name in TASKS:
-        embedded = {**EMBEDDED_DEFAULTS, **task_spec(name).train_defaults}
-        tasks[name] = {**own, **{key: value for key, value in embedded.items() if key in names}}
-    return {"": own, "default": tasks[DEFAULT_TASK], **tasks}
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> dict:
+    """The values the flags of `argv` give, by field, as `parser` converts them (its defaults left out); a flag it
+    does not know, or a value that follows no flag, is refused with the nearest known flag."""
+    unset = object()
+    namespace = argparse.Namespace(**{action.dest: unset for action in parser._actions})
+    namespace, rest = parser.parse_known_args(argv, namespace)
+    unknown = [arg.split("=", 1)[0] for arg in rest if arg.startswith("-")]
+    if unknown:
+        raise ConfigError(f"unknown flag(s): {_nearest(unknown, [o for o in parser._option_string_actions])}.")
+    if rest:
+        raise ConfigError(f"unexpected value(s): {' '.join(rest)} (each value follows its --flag).")
+    return {dest: value for dest, value in vars(namespace).items() if value is not unset and dest != "config"}
+
+
+def _nearest(names: list[str], known: list[str]) -> str:
+    return ", ".join(
+        f"{n} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(n, known, 1)) else n for n in names
+    )
+
+
+def _recipe_problems(parser: argparse.ArgumentParser, recipe: dict, path: str | None) -> list[str]:
+    """Every problem of a recipe's keys and values, in one sentence: keys the parser does not know, values its flags'
+    own conversions and choices refuse (a recipe's values become the parser's defaults, which argparse converts only
+    when they are text)."""
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    problems = []
+    unknown = sorted(set(recipe) - set(actions) - {"env"})
+    if unknown:
+        problems.append(f"unknown key(s): {_nearest(unknown, sorted(actions))}")
+    for key, value in recipe.items():
+        action = actions.get(key)
+        if action is None or action.type is None or value is None:
+            continue
+        values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
+        for one in values:
+            if isinstance(one, (list, dict)):
+                problem = None if action.type is str else "expected a single value"
+            else:
+                try:
+                    converted = action.type(str(one))
+                    choices = ", ".join(map(str, action.choices or ()))
+                    problem = None if not choices or converted in action.choices else f"choose one of {choices}"
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+                    problem = str(error) or f"expected {getattr(action.type, '__name__', 'another value')}"
+            if problem:
+                problems.append(f"{key}: {value}: {problem}")
+                break
+    return [f"--config {path}: {'; '.join(problems)}."] if problems else []
+
+
+def input_problems(settings: dict, given: set[str], rewards: list[str]) -> list[str]:
+    """Every problem with `settings` (flags over recipe, as the parser converts them; `given`: the names set), one
+    sentence each: settings of the other kind of data, the settings a dataset run lacks, a local data file without
+    the columns it needs, reward names that name nothing (`rewards`: those registered), quantization of the tiny
+    model, a model that cannot load."""
+    with_dataset = any(settings.get(key) for key in DATASET_KEYS)
+    model = settings.get("model_name_or_path")
+    missing = missing_settings(
+        with_dataset=with_dataset,
+        model=model,
+        reward_funcs=settings.get("reward_funcs"),
+        dataset_path=settings.get("dataset_path"),
+    )
+    columns = columns_problem(settings) if with_dataset else None
+    quantized = quantized_without_model(bool(settings.get("load_in_4bit") or settings.get("load_in_8bit")), model)
+    # The real model's name is a folder converted on first use (`smollm2.model_path`): checked when it loads.
+    source = model_source_problem(str(model)) if model and str(model).lower() != SMOLLM2_NAME else None
+    rewards = reward_problems(settings.get("reward_funcs"), rewards)
+    return (
+        [p for p in (settings_of_other_data(given, with_dataset), missing, columns) if p]
+        + rewards
+        + [p for p in (quantized, source) if p]
+    )
+
+
+def run_kind(settings: dict) -> str:
+    """Which defaults a run with `settings` (flags over recipe) starts from: `""` when it names a model or a dataset
+    (the dataclasses' own), else its built-in task's (`"default"`: `--task` not given), the embedded default's values
+    under the task's."""
+    if any(settings.get(key) for key in SOURCE_KEYS):
+        return ""
+    return str(settings.get("task") or "default")
 
 
 def is_embedded_task(script_args: SeedScriptArguments) -> bool:
-    return script_args.dataset_name is None and script_args.dataset_path is None
+    return all(getattr(script_args, key) is None for key in DATASET_KEYS)

@@ -1,5 +1,5 @@
 """Which columns of a dataset hold the prompts and the references, by name, without `datasets`: `data.to_prompt_dataset`
-picks them by this rule, and `ts_trl train` applies it to a local file's first row before TRL is imported."""
+picks them by this rule, and `ts_trl train` applies it to a local file's first row before the data is loaded."""
 
 from __future__ import annotations
 
@@ -62,4 +62,20 @@ def first_row_columns(path: Path) -> list[str] | None:
             return list(pq.read_schema(path).names)
     except (OSError, ValueError):  # (pyarrow's ArrowInvalid is a ValueError): a broken file, which datasets names
         return None
+    return None
+
+
+def columns_problem(settings: dict) -> str | None:
+    """Why a local data file has no prompt or reference column (`columns.pick_columns`), told from its first row or
+    schema before it is loaded; None when it has both, or when that cannot be told without loading it."""
+    path, domain = settings.get("dataset_path"), settings.get("domain", "math")
+    if not path or not Path(path).expanduser().is_file() or domain not in ("math", "code"):
+        return None
+    columns = first_row_columns(Path(path).expanduser())
+    if columns is None:
+        return None
+    try:
+        pick_columns(columns, settings.get("prompt_column"), settings.get("answer_column"), domain)
+    except ValueError as error:
+        return str(error)
     return None

@@ -1,26 +1,13 @@
 """How the commands spell their flags and print their help: TRL's snake_case, dash spellings accepted but not shown.
 
 TRL and transformers name every flag after its dataclass field (`--output_dir`); `HfArgumentParser` also accepts
-`--output-dir`. Every `ts_trl` command does the same, and `--help` lists one spelling per flag. This module imports
-neither torch nor TRL: `ts_trl train --help` is answered from a cache of the help text when one matches (building the
-parser means importing TRL, seconds before anything prints).
+`--output-dir`. Every `ts_trl` command does the same, and `--help` lists one spelling per flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import os
-import shutil
-import sys
-import tempfile
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
-
-from ..resources import cache_root
-
-HELP_FLAGS = ("-h", "--help")
 
 
 def snake_case(option: str) -> str:
@@ -90,51 +77,3 @@ def accept_both_spellings(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         action.option_strings = spellings
     parser.formatter_class = HelpFormatter
     return parser
-
-
-def wants_help(argv: list[str]) -> bool:
-    return any(arg in HELP_FLAGS for arg in argv)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The help text of `ts_trl train`, cached
-
-
-def _help_cache_file(prog: str) -> Path:
-    """The cache file of `prog`'s help, named by everything the text depends on.
-
-    The flags and their help come from this package's source and from TRL's and transformers' dataclasses; argparse
-    wraps the text to the terminal's width.
-    """
-
-    digest = hashlib.sha256()
-    for package in ("trl", "transformers"):
-        try:
-            digest.update(f"{package}={version(package)};".encode())
-        except PackageNotFoundError:
-            digest.update(f"{package}=none;".encode())
-    digest.update(f"{prog};{shutil.get_terminal_size().columns};{sys.version_info[:2]}".encode())
-    package_dir = Path(__file__).resolve().parent
-    for path in sorted(package_dir.rglob("*.py")):
-        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes())
-    return cache_root() / "help" / f"{digest.hexdigest()[:24]}.txt"
-
-
-def cached_help(prog: str) -> str | None:
-    """The help text of `prog` saved by an earlier `--help` under the same versions and source, else None."""
-    try:
-        return _help_cache_file(prog).read_text()
-    except OSError:
-        return None
-
-
-def store_help(prog: str, text: str) -> None:
-    """Saves `prog`'s help text for the next `--help` (atomically; a cache that cannot be written is skipped)."""
-    try:
-        path = _help_cache_file(prog)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-            f.write(text)
-        os.replace(f.name, path)
-    except OSError:
-        pass

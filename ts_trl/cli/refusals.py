@@ -1,5 +1,8 @@
-"""The rules by which `ts_trl train` (and `train.py`) refuses input before training, each one sentence: the full
-parser applies them, and `early` before TRL is imported, so both say the same."""
+"""The rules by which `ts_trl train` (and `train.py`) refuses the settings a command line and its recipe give, each
+one sentence, applied once by `arguments.parse_args` (`arguments.input_problems`) before any dataclass is built; and recipes
+(`--config`), whose refusal (missing, not YAML, not a mapping) is the one made before TRL is imported.
+
+Light (yaml, no torch): `ts_trl train` and `train.py` import it before the parser."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
+from ..resources import packaged_file, packaged_folder
 from ..store.checkpoints import last_checkpoint, resume_problem
 
 # The data of a run is a dataset (one of these named) or the built-in task; each reads its own settings only.
@@ -124,3 +130,57 @@ def quantized_without_model(quantized: bool, model: str | None) -> str | None:
             "the embedded default's tiny model is not quantized. Drop the flag or name a model."
         )
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recipes
+
+
+def shipped_names(kind: str) -> list[str]:
+    """The shipped recipes (`kind="recipes"`) or accelerate configs, by name."""
+    folder = packaged_folder(kind)
+    return sorted(path.stem for path in folder.glob("*.yaml")) if folder else []
+
+
+def resolve_recipe(name: str) -> Path:
+    """A recipe file as given, else the shipped recipe of that name (`embedded` -> `recipes/embedded.yaml`)."""
+    if Path(name).expanduser().is_file():
+        return Path(name).expanduser()
+    shipped = packaged_file("recipes", name if name.endswith(".yaml") else f"{name}.yaml")
+    if shipped is None:
+        raise ConfigError(
+            f"--config {name}: no such recipe file, nor a shipped recipe of that name (shipped: "
+            f"{', '.join(shipped_names('recipes'))})."
+        )
+    return shipped
+
+
+def read_recipe(argv: list[str]) -> tuple[str | None, dict]:
+    """The `--config` recipe of `argv` (its path and values; None and {} without one), with `argv` rewritten in place
+    to name the recipe's file (`--config embedded` -> the shipped file; `--config=X` -> `--config X`, as TRL reads it)."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            argv[index : index + 1] = ["--config", arg.split("=", 1)[1]]
+    if "--config" not in argv:
+        return None, {}
+    index = argv.index("--config") + 1
+    if index == len(argv):
+        raise ConfigError("--config needs a recipe file or the name of a shipped recipe, e.g. --config embedded.")
+    path = argv[index] = str(resolve_recipe(argv[index]))
+    try:
+        recipe = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(error).split())}).") from None
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"--config {path}: a recipe must be a YAML mapping of argument names to values.")
+    return path, recipe
+
+
+def refuse_bad_recipe(prog: str, argv: list[str] | None = None) -> None:
+    """Refuses a bad `--config` (one `prog: error: ...` line, exit status 2) before the heavy imports; returns
+    otherwise, and the parser reads the recipe again."""
+    try:
+        read_recipe(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as error:
+        say_refusal(prog, str(error))
+        raise SystemExit(2) from None

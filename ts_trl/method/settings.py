@@ -1,7 +1,6 @@
 """The seeding settings' allowed values and the rules between them, as plain functions of the values.
 
-`SeedGRPOConfig` applies them to its fields; `ts_trl train` applies them to the values a command line and a recipe
-give, before torch, transformers and TRL are imported, so that both refuse a bad value with the same sentence.
+`SeedGRPOConfig` applies them to its fields, once: `ts_trl train` refuses a bad value with the config's sentences.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ CUT_SELECTIONS = ("ratio", "target")
 SEED_TRIGGERS = ("fraction", "zero_std")
 AGENT_CUT_POINTS = ("any", "turns")  # any admissible point, or turn boundaries only (`method.turns`)
 
-# The type of each setting a rule reads (`ts_trl train` converts the command line's strings with it).
+# The type of each setting a rule reads.
 RULE_FIELDS = {
     "seed_method": str,
     "agent_cut_points": str,

@@ -278,10 +278,10 @@ class SeedGRPOConfig(GRPOConfig):
 
     def _validate_seeding(self) -> None:
         """Checks the fields this class adds, using only values the user set (nothing TRL derives later), by the rules
-        `ts_trl train` also applies before TRL is imported (`method.settings.seeding_problems`): the first one broken."""
+        of `method.settings.seeding_problems`: every one broken, in one message."""
         problems = seeding_problems({name: getattr(self, name) for name in RULE_FIELDS})
         if problems:
-            raise ValueError(problems[0])
+            raise ValueError(" ".join(problems))
 
 
 def default_config(model) -> SeedGRPOConfig:
