@@ -26,8 +26,8 @@ from tests.conftest import EMBEDDED_TINY, seed_manifest, seed_rows
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.cli.arguments import EMBEDDED_DEFAULTS, make_parser, parse_args
-from ts_trl.cli.data import load_training_data
 from ts_trl.cli.environment import ConfigError
+from ts_trl.data.loaders import load_training_data
 from ts_trl.rewards import get_reward_funcs
 from ts_trl.tiny import build_tiny_model, build_tokenizer
 
@@ -278,7 +278,7 @@ def test_quantization_flags_are_refused_for_the_embedded_model(tmp_path, monkeyp
 def test_a_dataset_without_an_answer_column_says_so_plainly():
     from datasets import Dataset
 
-    from ts_trl.cli.data import to_prompt_dataset
+    from ts_trl.data.loaders import to_prompt_dataset
 
     with pytest.raises(ValueError, match=r"The dataset has no answer column \(one of answer, "):
         to_prompt_dataset(Dataset.from_list([{"question": "1+1="}]))

@@ -255,8 +255,8 @@ def _data_files(tmp: Path, rows: list[dict]) -> list[Path]:
 def test_a_data_files_columns_are_told_before_loading_as_the_loaded_dataset_tells_them(rows, settings, tmp_path):
     """The columns read from a file's first row or schema are those of the dataset `datasets` loads, and the columns
     refused early are refused by `to_prompt_dataset` in the same words."""
-    from ts_trl.cli.columns import columns_problem, first_row_columns
-    from ts_trl.cli.data import read_local, to_prompt_dataset
+    from ts_trl.data.columns import columns_problem, first_row_columns
+    from ts_trl.data.loaders import read_local, to_prompt_dataset
 
     for path in _data_files(tmp_path, rows):
         dataset = read_local(str(path))

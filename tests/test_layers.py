@@ -15,6 +15,7 @@ FLOORS = {
     "smollm2": 2,  # the real model: a cached conversion (resources)
     "resources": 1,
     "store": 2,
+    "data": 3,  # training data: loaders and columns (store.schema)
     "trainer": 3,
     "embedded": 4,
     "cli": 5,

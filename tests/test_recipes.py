@@ -9,7 +9,7 @@ import yaml
 from datasets import load_dataset
 
 from ts_trl.cli.arguments import make_parser, parse_args
-from ts_trl.cli.data import to_prompt_dataset
+from ts_trl.data.loaders import to_prompt_dataset
 from ts_trl.rewards import get_reward_funcs
 from ts_trl.trainer.schedule import schedule_of
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from datasets import Dataset, load_dataset
 
-from ts_trl.cli.data import to_prompt_dataset
+from ts_trl.data.loaders import to_prompt_dataset
 from ts_trl.rewards import REWARDS, code_reward, format_reward, get_code_reward, get_reward_funcs, math_reward
 from ts_trl.rewards.code import extract_program, split_test_units
 from ts_trl.rewards.math import extract_final_answer

@@ -19,6 +19,7 @@ import time
 from transformers.utils import logging as transformers_logging
 from trl import TrlParser, get_peft_config, get_quantization_config
 
+from ..data.loaders import load_training_data
 from ..embedded.cpu import embedded_training_threads, torch_threads
 from ..embedded.curve import LearningCurve
 from ..embedded.tasks import build_task_model, is_real_model_task, make_task, task_reward
@@ -28,7 +29,6 @@ from ..trainer.schedule import fewer_prompts_by
 from ..trainer.seed_grpo_trainer import SeedGRPOTrainer
 from .arguments import SeedScriptArguments, is_embedded_task, make_parser, parse_args
 from .console import use_compact_console
-from .data import load_training_data
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
 from .refusals import missing_settings, quantized_without_model

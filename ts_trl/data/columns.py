@@ -1,5 +1,6 @@
-"""Which columns of a dataset hold the prompts and the references, by name, without `datasets`: `data.to_prompt_dataset`
-picks them by this rule, and `ts_trl train` applies it to a local file's first row before the data is loaded."""
+"""Which columns of a dataset hold the prompts and the references, by name, without `datasets`:
+`loaders.to_prompt_dataset` picks them by this rule, and `ts_trl train` applies it to a local file's first row before
+the data is loaded."""
 
 from __future__ import annotations
 
