@@ -5,10 +5,12 @@ Which module owns which refusal: ts_trl/cli/__init__.py."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
 from ts_trl.cli.arguments import make_parser, parse_args, run_kind
 from ts_trl.cli.refusals import ConfigError
 from ts_trl.rewards import get_reward_funcs
@@ -19,13 +21,14 @@ HEAVY = ("torch", "transformers", "trl")
 COMMANDS = {"ts_trl train": ["-m", "ts_trl", "train"], "train.py": [str(ROOT / "train.py")]}
 
 
-def _run(command: str, argv: list[str], tmp_path: Path, cwd: Path = ROOT):
+def _run(command: str, argv: list[str], tmp_path: Path, cwd: Path = ROOT, env: dict | None = None):
     """The command in a fresh interpreter under `-X importtime`: (exit status, stderr lines, top-level imports)."""
     environment = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "TS_TRL_CACHE": str(tmp_path / "cache"),
         "HF_HUB_OFFLINE": "1",
+        **(env or {}),
     }
     environment.pop("PYTHONWARNINGS", None)
     result = subprocess.run(
@@ -118,7 +121,10 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         ),
         "model not cached offline": (
             ["--model_name_or_path", "ts-trl-tests/not-a-cached-model", *fresh],
-            ["not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"],
+            [
+                "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set",
+                "Name a local folder that holds a saved model, or a Hub id that is reachable or cached",
+            ],
         ),
         "quantized tiny model": (["--load_in_4bit", *fresh], ["the embedded default's tiny model is not quantized"]),
         "seeding settings out of range": (
@@ -162,6 +168,22 @@ def test_bad_input_is_one_line_and_the_parsers_own(case, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as refused:
         parse_args(make_parser(prog="ts_trl train"), argv)
     assert lines == [f"ts_trl train: error: {' '.join(str(refused.value).split())}"]
+
+
+def test_a_model_name_the_hub_does_not_answer_for_is_one_line_without_retries(tmp_path):
+    """Online, with the Hub at a loopback port where nothing listens (as with no network): the name is asked once and
+    refused in one line with both fixes, instead of the downloads' retries (each printed) and a line about the network.
+    """
+    hub = f"http://127.0.0.1:{free_port()}"
+    argv = ["--model_name_or_path", "nonsense/model-xyz", "--output_dir", str(tmp_path / "fresh")]
+    started = time.monotonic()
+    status, lines, _ = _run("ts_trl train", argv, tmp_path, env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub})
+    seconds = time.monotonic() - started
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("ts_trl train: error: --model_name_or_path nonsense/model-xyz: "), lines[0]
+    assert f"{hub} did not answer" in lines[0]
+    assert "a local folder that holds a saved model, or a Hub id that is reachable or cached" in lines[0]
+    assert seconds < 120 and not (tmp_path / "fresh").exists()  # the imports' time at load; no run started
 
 
 @pytest.mark.parametrize("command", COMMANDS)

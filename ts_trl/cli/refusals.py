@@ -21,6 +21,8 @@ DATASET_KEYS = ("dataset_name", "dataset_path")
 SOURCE_KEYS = ("model_name_or_path", *DATASET_KEYS)
 _DATASET_ONLY = ("max_train_samples", "prompt_column", "answer_column", "domain", "system_prompt", "conversational")
 _TASK_ONLY_PREFIX = "embedded_"
+# How long `ts_trl train` waits for the Hub to say whether a model it does not hold exists: one request, no retries.
+HUB_CHECK_SECONDS = 5
 
 
 class ConfigError(ValueError):
@@ -103,7 +105,8 @@ def output_dir_problem(output_dir: Path, resume_from_checkpoint) -> str | None:
 
 def model_source_problem(name: str) -> str | None:
     """Why the model `name` cannot load: a local path that does not exist or holds no saved model, or a Hub id that is
-    not in the local cache while `HF_HUB_OFFLINE` is set (None: it may load)."""
+    neither cached nor found on the Hub within `HUB_CHECK_SECONDS`, asked once, without the retries of a download
+    (None: it may load)."""
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -112,12 +115,22 @@ def model_source_problem(name: str) -> str | None:
     looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
     if looks_local:
         return f"--model_name_or_path {name}: no such local folder."
-    from huggingface_hub import constants, try_to_load_from_cache  # lazy: a Hub id only (httpx takes a second)
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache  # lazy: a Hub id only (httpx takes a second)
+    from huggingface_hub.errors import RepositoryNotFoundError  # lazy: as above
 
-    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return None
+    fix = f"Name a local folder that holds a saved model, or a Hub id that is reachable or cached (`hf download {name}`)."
+    if constants.HF_HUB_OFFLINE:
+        return f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. {fix}"
+    try:
+        HfApi().model_info(name, timeout=HUB_CHECK_SECONDS)
+    except RepositoryNotFoundError:
+        return f"--model_name_or_path {name}: no such model on {constants.ENDPOINT} (or it is private). {fix}"
+    except Exception as error:  # a refused connection, a timeout, a 5xx: the HTTP client's own types vary by version
         return (
-            f"--model_name_or_path {name}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set. "
-            f"Download it first (`hf download {name}`) or unset HF_HUB_OFFLINE."
+            f"--model_name_or_path {name}: not in the local Hugging Face cache, and {constants.ENDPOINT} did not answer "
+            f"({type(error).__name__}). {fix}"
         )
     return None
 
