@@ -1,6 +1,7 @@
 """What a new user's first commands print: one error prefix per command, and the untrained model's held-out pass@1
 before the first training step."""
 
+import json
 import os
 import re
 import subprocess
@@ -100,3 +101,43 @@ def test_held_out_set_is_sampled_only_where_the_curve_needs_it(tmp_path, monkeyp
         (0, before),
         (4, report["held_out_pass@1_after"]),
     ]
+
+
+def test_ctrl_c_prints_the_resume_command_as_the_user_typed_it(tmp_path):
+    """`ts_trl train ...` (the console script the package installs), Ctrl-C: the command printed to resume is
+    `ts_trl train ...` with the checkpoint, not the Python interpreter and the script's path in the venv."""
+    import shlex
+    import signal
+    import threading
+
+    script = Path(sys.executable).parent / "ts_trl"
+    assert script.is_file(), "the package's console script is installed beside the interpreter"
+    argv = ["train", "--output_dir", str(tmp_path / "run"), *EMBEDDED_TINY]
+    argv += ["--max_steps", "50", "--logging_steps", "1"]
+    process = subprocess.Popen(
+        [str(script), *argv], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines, stepped = [], threading.Event()
+
+    def read():
+        for line in process.stdout:
+            lines.append(line)
+            if re.match(r"step [1-9]\d*/50 ", line):
+                stepped.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert stepped.wait(300), "".join(lines[-40:])
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal
+        status = process.wait(120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    reader.join(10)
+    output = "".join(lines)
+    assert status == 130 and "Resume with:\n" in output, output[-3000:]
+    command = shlex.split(output.split("Resume with:\n", 1)[1].splitlines()[0])
+    step = json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
+    assert command == ["ts_trl", *argv, "--resume_from_checkpoint", str(tmp_path / "run" / f"checkpoint-{step}")]

@@ -100,9 +100,12 @@ def resume_command(checkpoint: str | None) -> str:
     """The command line that continues this run from `checkpoint`: the one that started it, plus the checkpoint.
 
     Under `accelerate launch` the worker's own argv lacks the launcher's options, so the launcher's command line is
-    read from the parent process where the system shows it (Linux); elsewhere it is this process's.
+    read from the parent process where the system shows it (Linux); elsewhere it is this process's, as typed: the
+    console script `ts_trl train ...` (its argv[0] is the script's full path in the venv, run by Python), or
+    `python -m ts_trl ...`, or `python train.py ...`.
     """
-    argv = [Path(sys.executable).name, *sys.argv]
+    console_script = Path(sys.argv[0]).name == "ts_trl" if sys.argv else False
+    argv = ["ts_trl", *sys.argv[1:]] if console_script else [Path(sys.executable).name, *sys.argv]
     with contextlib.suppress(OSError, UnicodeDecodeError):
         parent = [part.decode() for part in Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0") if part]
         # `accelerate launch ...` or `python -m accelerate.commands.launch ...` (torchrun's agent runs in the launcher)
