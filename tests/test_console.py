@@ -192,3 +192,63 @@ def test_the_embedded_default_trains_on_one_torch_thread_unless_omp_num_threads_
     finally:
         torch.set_num_threads(previous)
     assert seen == [1, 1] if omp is None else seen == [2, 2]
+
+
+def _through_a_terminal(command: list[str], tmp_path, columns: int = 200) -> tuple[int, str]:
+    """`command` with a pseudo-terminal of `columns` columns as its stdin, stdout and stderr, as in a terminal window:
+    (exit status, everything it drew, `\\r\\n` read as `\\n`)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    main, worker = pty.openpty()
+    fcntl.ioctl(worker, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TS_TRL_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    environment.pop("PYTHONWARNINGS", None)
+    process = subprocess.Popen(command, stdin=worker, stdout=worker, stderr=worker, env=environment, cwd=tmp_path)
+    os.close(worker)
+    drawn, deadline = [], time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if not select.select([main], [], [], 1)[0]:
+            if process.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the command ended and closed its side
+            break
+        if not chunk:
+            break
+        drawn.append(chunk)
+    os.close(main)
+    status = process.wait(60)
+    return status, b"".join(drawn).decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_in_a_terminal_the_step_lines_print_above_the_bar_and_the_bar_closes_before_the_last_lines(tmp_path):
+    """Through a pseudo-terminal, as a user sees it: each line the run prints is a line of its own (what a line shows
+    after its last carriage return starts with the line's words, not with a bar's), and the bar's last drawing comes
+    before the `trained ...` line."""
+    command = [sys.executable, "-m", "ts_trl", "train", "--output_dir", str(tmp_path / "run"), *EMBEDDED_TINY]
+    status, drawn = _through_a_terminal([*command, "--max_steps", "3", "--logging_steps", "1"], tmp_path)
+    assert status == 0, drawn[-3000:]
+    shown = [re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line).split("\r")[-1] for line in drawn.split("\n")]
+    ours = ("step ", "Every logged metric", "trained ")
+    glued = [line for line in shown if any(word in line for word in ours) and not line.startswith(ours)]
+    assert not glued, glued
+    assert [line.split()[1] for line in shown if line.startswith("step ") and " loss " in line] == [
+        "1/3",
+        "2/3",
+        "3/3",
+    ]
+    last_bar = drawn.rindex("3/3 [")
+    assert last_bar < drawn.index("\ntrained 3 steps"), drawn[-3000:]
+    assert "3/3 [" not in drawn[drawn.index("\ntrained 3 steps") :]

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -61,6 +63,13 @@ def compact_line(state, logs: dict, first_step: int = 0, wall_s_per_step: float 
     return "  ".join(parts)
 
 
+def say(line: str) -> None:
+    """Prints `line` on a line of its own above any open progress bar (tqdm clears the bars, prints, redraws them):
+    a plain print while a bar is drawn would glue the line to the bar."""
+    tqdm.write(line)
+    sys.stdout.flush()
+
+
 class _StepClock:
     """Wall-clock seconds per optimizer step since the previous line (None on a line of the same step)."""
 
@@ -95,9 +104,16 @@ class CompactProgress(_StepClock, ProgressCallback):
         if not state.is_world_process_zero or not logs:
             return
         line = compact_line(state, logs, self.first_step, self.lap(state))
+        if "train_runtime" in logs and self.training_bar is not None:
+            self.training_bar.close()  # the bar's last state, then the last lines below it, not the bar after them
+            self.training_bar = None
         # What is logged before the bar exists (the held-out pass@1 of step 0, from a callback that begins first)
-        # is printed plainly rather than lost.
-        self.training_bar.write(line) if self.training_bar is not None else print(line, flush=True)
+        # or after it closed is printed plainly; while it is open, above it.
+        say(line)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None:  # closed by the last line already: transformers' own would fail on None
+            super().on_train_end(args, state, control, **kwargs)
 
 
 class CompactPrinter(_StepClock, PrinterCallback):
@@ -109,7 +125,7 @@ class CompactPrinter(_StepClock, PrinterCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            print(compact_line(state, logs, self.first_step, self.lap(state)), flush=True)
+            say(compact_line(state, logs, self.first_step, self.lap(state)))
 
 
 class MetricsFile(TrainerCallback):
@@ -117,7 +133,7 @@ class MetricsFile(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            print(f"Every logged metric goes to {Path(args.output_dir) / METRICS_FILE}", flush=True)
+            say(f"Every logged metric goes to {Path(args.output_dir) / METRICS_FILE}")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
