@@ -14,6 +14,7 @@ FLOORS = {
     "tiny": 1,
     "smollm2": 2,  # the real model: a cached conversion (resources)
     "resources": 1,
+    "flags": 1,  # how every command spells its flags (argparse only)
     "store": 2,
     "data": 3,  # training data: loaders and columns (store.schema)
     "trainer": 3,

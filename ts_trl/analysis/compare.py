@@ -33,8 +33,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..cli.flags import accept_both_spellings
 from ..embedded.tasks import build_task_model
+from ..flags import accept_both_spellings
 from .common import (
     InputError,
     output_dir,

@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from ..cli.flags import accept_both_spellings
+from ..flags import accept_both_spellings
 from ..store.format import load_seed_table, resolve_seed_dataset
 from ..store.resume import checkpoint_step
 from ..store.schema import tokenizer_fingerprint

@@ -33,9 +33,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..cli import train as training_script
 from ..cli.arguments import is_embedded_task, make_parser, parse_args, resolve_recipe
 from ..cli.environment import ConfigError
-from ..cli.flags import accept_both_spellings
 from ..data.loaders import load_training_data, prompt_rows, read_hub, read_local
 from ..embedded.evaluate import pass_at_k
+from ..flags import accept_both_spellings
 from ..rewards import get_reward_funcs
 from ..tiny import load_tokenizer
 from .common import (

@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import pyarrow.parquet as pq
 
-from ..cli.flags import accept_both_spellings
+from ..flags import accept_both_spellings
 from ..method.cutting import boundary_token_ids, choose_cut
 from ..rewards import get_reward_funcs
 from ..store.schema import prompt_id_of, tokenizer_fingerprint

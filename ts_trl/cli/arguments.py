@@ -14,12 +14,12 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from ..data.columns import columns_problem
 from ..embedded.tasks import DEFAULT_TASK, TASKS, recipe_values, task_spec
+from ..flags import DefaultsHelpFormatter
 from ..rewards import REWARD_NAMES, reward_problems
 from ..smollm2 import SMOLLM2_NAME
 from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
 from .environment import check_output_dir, cpu_only, skip_deepspeed_shm_build
-from .flags import DefaultsHelpFormatter
 from .refusals import (  # noqa: F401 (resolve_recipe: re-exported)
     DATASET_KEYS,
     SOURCE_KEYS,
