@@ -8,6 +8,7 @@ import pytest
 import yaml
 from datasets import load_dataset
 
+from ts_trl.cli import arguments
 from ts_trl.cli.arguments import make_parser, parse_args
 from ts_trl.data.loaders import to_prompt_dataset
 from ts_trl.rewards import get_reward_funcs
@@ -41,9 +42,10 @@ def test_every_shipped_recipe_seeds_within_the_first_tenth_of_its_run(recipe, tm
     from huggingface_hub import constants
 
     monkeypatch.chdir(tmp_path)  # the embedded default's output_dir, runs/embedded, may hold the quick start's run
-    # The GPU recipes' Hub models are not cached on this offline machine, which the parser refuses; only the schedule
-    # is read here, and no model is loaded.
+    # The GPU recipes' Hub models are not cached on this offline machine, and the Hub cannot be asked, which the parser
+    # refuses; only the schedule is read here, and no model is loaded.
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(arguments, "model_source_problem", lambda name: None)
     text, script_args, training_args, processes = _launched(recipe)
     if script_args.dataset_name is None:
         rows = script_args.embedded_train_problems
