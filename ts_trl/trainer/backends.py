@@ -116,12 +116,15 @@ def weight_sync_by_reload(generation) -> Callable[[], None]:
     repacks every linear layer's weight for its GEMM kernels after loading and drops the original (vLLM 0.31,
     `dispatch_cpu_unquantized_gemm`), so that load fails with "'Parameter' object has no attribute 'weight_loader'".
     `reload_weights` restores the layers' loading form, loads the same parameters (TRL's own iterator: the merged
-    adapter under vLLM's names) and repacks them.
+    adapter under vLLM's names) and repacks them. Each tensor is copied: the reload keeps the tensors it was handed until
+    their layer is complete, and TRL's iterator unmerges the adapter in place once it is exhausted, which left some
+    layers with the base weights (the engine's log-probs then strayed from the trained model's).
     """
 
     def sync_weights():
         runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.reload_weights(weights_iterator=generation._iter_named_params())
+        weights = ((name, tensor.clone()) for name, tensor in generation._iter_named_params())
+        runner.reload_weights(weights_iterator=weights)
         generation.llm.reset_prefix_cache()
 
     return sync_weights
