@@ -109,6 +109,15 @@ def colocated_engine_kwargs(args):
         yield
 
 
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM is its CPU build (False without vLLM: the tests' stand-in engines)."""
+    try:
+        from vllm.platforms import current_platform  # lazy: vLLM only where installed
+    except ImportError:
+        return False
+    return current_platform.is_cpu()
+
+
 def weight_sync_by_reload(generation) -> Callable[[], None]:
     """TRL's colocated weight sync (`VLLMGeneration.sync_weights`) through vLLM's in-place `reload_weights`.
 
@@ -164,11 +173,8 @@ class SeededBackend:
         self.trainer = trainer
         self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `generating_model`
         self._server_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
-        if trainer.use_vllm and trainer.vllm_mode == "colocate":
-            from vllm.platforms import current_platform  # lazy: vLLM, installed (TRL built its engine)
-
-            if current_platform.is_cpu():
-                trainer.vllm_generation.sync_weights = weight_sync_by_reload(trainer.vllm_generation)
+        if trainer.use_vllm and trainer.vllm_mode == "colocate" and vllm_on_cpu():
+            trainer.vllm_generation.sync_weights = weight_sync_by_reload(trainer.vllm_generation)
 
     @property
     def forces_prefixes(self) -> bool:
