@@ -76,6 +76,7 @@ from .seed_batch import (
 )
 from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
+from .threads import cpu_training_threads, torch_threads
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
 
 
@@ -191,7 +192,9 @@ class SeedGRPOTrainer(GRPOTrainer):
             if self.args.seed_method != "none":
                 self.seed_store.start(resume_from_checkpoint or None)
                 self.planner.reset(self.seed_store.resumed_state.get("planner"))
-            with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
+            # One torch thread on CPU unless the user set OMP_NUM_THREADS (see threads.py); TRL's notices: its calls of
+            # transformers' renamed checkpointing methods, at every step.
+            with trl_notices_hidden(), torch_threads(cpu_training_threads(self.args.device)):
                 return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             self.seed_store.release()  # the output_dir is free for the next run (or this one's resume)
