@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from ..resources import packaged_file
-from .files import is_hub_id
+from .files import is_hub_id, public_model_name
 from .schema import SEED_COLUMNS, TURN_COLUMNS, column_type_name
 
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -110,7 +110,7 @@ def render_dataset_card(
 ) -> DatasetCard:
     """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
     folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
-    steps = sorted(set(steps))
+    steps, model = sorted(set(steps)), public_model_name(model)  # a Hub id or a folder's name, never a local path
     card_data = DatasetCardData(
         **license_metadata(license, model if is_hub_id(model) else None),
         pretty_name=f"Thinking Seeds rollouts of {model}",

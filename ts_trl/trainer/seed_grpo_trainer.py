@@ -61,7 +61,7 @@ from .agentic import ToolLoopSeeds, tool_call_markup_ids
 from .backends import SeededBackend, replaced
 from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
-from .model_card import model_card_for
+from .model_card import model_card_for, name_adapter_bases
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
 from .seed_batch import (
@@ -440,6 +440,11 @@ class SeedGRPOTrainer(GRPOTrainer):
         if self.args.seed_method != "none":
             self.seed_store.write_snapshot(self.state.global_step)
         return super()._save_checkpoint(model, trial)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        # Every save of the model (checkpoints, save_model, push_to_hub) comes here, on the process that writes.
+        super()._save(output_dir, state_dict)
+        name_adapter_bases(output_dir or self.args.output_dir, self.args.output_dir)  # Hub id, never a local path
 
     def _issue_warnings_after_load(self, load_result):
         load_result = without_tied_keys(self.accelerator.unwrap_model(self.model), load_result)
