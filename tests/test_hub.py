@@ -363,11 +363,14 @@ def test_dataset_card_renders_and_parses_back():
         steps=[200, 100],
         num_rows=128,
         reward_columns=["reward_accuracy"],
+        checkpoint_steps=[200],
     )
     data = DatasetCard(str(card)).data
+    # Snapshots and checkpoints counted apart: a shard is written at each of both (issue 58).
+    assert "128 rows from 2 seed snapshots (steps 100, 200), of which\n1 is a checkpoint" in card.text
     assert data.configs == [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
     assert set(data.tags) == {"thinking-seeds", "trl"}
-    for text in ("`seed_origin`", "`prefix_len`", "`reward_accuracy`", "checkpoint-100", "fp123"):
+    for text in ("`seed_origin`", "`prefix_len`", "`reward_accuracy`", "`checkpoint-200`", "fp123"):
         assert text in card.text
     assert (
         f'load_dataset("{REPO_ID}"' in card.text
@@ -613,3 +616,16 @@ def test_a_pushed_adapter_names_its_base_by_hub_id_or_folder_name_never_by_a_loc
     else:
         assert card.data.base_model is None and "the local model `Tiny-Base-1234`" in card.text
         assert "copy that folder" in card.text
+
+
+def test_the_seeds_card_counts_seed_snapshots_and_checkpoints_apart(make_trainer, tmp_path):
+    """A shard every step, a checkpoint every second step: 4 snapshots, 2 of them checkpoints (the card said "from 4
+    checkpoints": issue 58), counted once the checkpoint folder exists."""
+    trainer = make_trainer(output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, seed_snapshot_steps=1)
+    trainer.train()
+    card = DatasetCard((tmp_path / "run" / "seeds" / "README.md").read_text())
+    rows = sum(
+        entry["rows"] for entry in json.loads((tmp_path / "run" / "seeds" / "manifest.json").read_text())["shards"]
+    )
+    assert f"{rows} rows from 4 seed snapshots (steps 1, 2, 3, 4), of which\n2 are checkpoints" in card.text
+    assert "(`checkpoint-2`, `checkpoint-4`)" in card.text and "checkpoint-3" not in card.text

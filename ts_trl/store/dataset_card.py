@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from ..resources import packaged_file
+from .checkpoints import checkpoint_folders
 from .files import is_hub_id, public_model_name
 from .schema import SEED_COLUMNS, TURN_COLUMNS, column_type_name
 
@@ -107,9 +108,14 @@ def render_dataset_card(
     local: bool = False,
     external: Mapping | None = None,
     turn_columns: Sequence[str] = (),
+    checkpoint_steps: Sequence[int] = (),
 ) -> DatasetCard:
     """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
-    folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
+    folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them.
+    `steps`: the seed snapshots' (a shard each); `checkpoint_steps`: those with a checkpoint kept.
+
+    Long: a keyword-only signature of every field the card shows, then one mapping to the template.
+    """
     steps, model = sorted(set(steps)), public_model_name(model)  # a Hub id or a folder's name, never a local path
     card_data = DatasetCardData(
         **license_metadata(license, model if is_hub_id(model) else None),
@@ -139,6 +145,7 @@ def render_dataset_card(
         tokenizer_fingerprint=tokenizer_fingerprint,
         steps=steps,
         steps_text=_steps_text(steps),
+        checkpoint_steps=sorted(set(checkpoint_steps) & set(steps)),
         num_rows=num_rows,
         columns=columns,
         external=external_provenance(external),
@@ -164,13 +171,15 @@ def dataset_card_for_shard(
         model, tokenizer = manifest.model, manifest.tokenizer
         steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
         external = manifest.external
+        # A shard is written every seed_snapshot_steps steps and at each checkpoint: the kept, complete ones are these.
+        checkpoints = [step for step, _ in checkpoint_folders(Path(manifest.seeds_dir).parent, complete=True)]
     else:  # a shard handed over without its manifest: describe that shard alone
         first = pq.read_table(shard_path, columns=[c for c in ("model", "tokenizer", "step") if c in schema.names])
         row = first.slice(0, 1).to_pylist()[0] if first.num_rows else {}
         model, tokenizer = row.get("model", "unknown"), row.get("tokenizer", "unknown")
         match = re.search(r"(\d+)", shard_path.stem)
         steps = [int(match.group(1))] if match else []
-        num_rows, external = first.num_rows, None
+        num_rows, external, checkpoints = first.num_rows, None, []
     return render_dataset_card(
         turn_columns=[c.name for c in TURN_COLUMNS if c.name in schema.names],
         repo_id=repo_id,
@@ -183,6 +192,7 @@ def dataset_card_for_shard(
         trained_model_id=trained_model_id,
         local=local,
         external=external,
+        checkpoint_steps=checkpoints,
     )
 
 

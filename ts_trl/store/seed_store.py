@@ -502,6 +502,8 @@ class SeedStore:
         payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
         payload["state"] = self.checkpoint_state()
         atomic_write_json(folder / CHECKPOINT_POINTER, payload)
+        if (self.seeds_dir / shard_name(step)).is_file():  # the card counts this checkpoint, now that it exists
+            self.write_dataset_card(self.seeds_dir / shard_name(step))
 
     def finish_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
