@@ -113,6 +113,7 @@ def render_model_card(
         if name.startswith(SEED_SETTING_PREFIXES)
     ]
     example = example_prompt if example_prompt else "Hello"
+    held_out = metrics.get("held_out_pass@1_after")  # said beside the snippet: its one reply may be wrong
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path(MODEL_CARD_TEMPLATE)),
@@ -130,6 +131,7 @@ def render_model_card(
         example=repr(example),
         example_is_chat=isinstance(example, list),
         max_new_tokens=max_new_tokens,
+        held_out_pass_at_1=None if held_out is None else format_value(held_out),
         num_processes=num_processes,
         trackers=list(trackers),
         hyperparameters=[(name, format_value(value)) for name, value in hyperparameters.items()],
