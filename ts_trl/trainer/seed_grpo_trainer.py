@@ -62,7 +62,7 @@ from .agentic import ToolLoopSeeds, tool_call_markup_ids
 from .backends import SeededBackend, colocated_engine_kwargs, replaced
 from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
-from .model_card import model_card_for
+from .model_card import model_card_for, name_adapter_bases
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
 from .seed_batch import (
@@ -78,6 +78,7 @@ from .seed_batch import (
 from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
 from .shared_prefix import SharedPrefixForward
+from .threads import cpu_training_threads, torch_threads
 from .trace_scores import success_scorer
 from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
 
@@ -189,7 +190,9 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
             if self.args.seed_method != "none":
                 self.seed_store.start(resume_from_checkpoint or None)
                 self.planner.reset(self.seed_store.resumed_state.get("planner"))
-            with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
+            # One torch thread on CPU unless the user set OMP_NUM_THREADS (see threads.py); TRL's notices: its calls of
+            # transformers' renamed checkpointing methods, at every step.
+            with trl_notices_hidden(), torch_threads(cpu_training_threads(self.args.device)):
                 return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             self.seed_store.release()  # the output_dir is free for the next run (or this one's resume)
@@ -435,6 +438,11 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
         if self.args.seed_method != "none":
             self.seed_store.write_snapshot(self.state.global_step)
         return super()._save_checkpoint(model, trial)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        # Every save of the model (checkpoints, save_model, push_to_hub) comes here, on the process that writes.
+        super()._save(output_dir, state_dict)
+        name_adapter_bases(output_dir or self.args.output_dir, self.args.output_dir)  # Hub id, never a local path
 
     def _issue_warnings_after_load(self, load_result):
         load_result = without_tied_keys(self.accelerator.unwrap_model(self.model), load_result)
