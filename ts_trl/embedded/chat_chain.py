@@ -1,5 +1,5 @@
-"""The built-in real-model task with reasoning states: sums of three or four one-digit numbers asked in chat, one
-partial sum per line after a worked example, scored by the number on the reply's final line.
+"""The built-in real-model task with reasoning states: sums of three one-digit numbers asked in chat, one partial sum
+per line after a worked example, scored by the number on the reply's final line.
 
 Unlike `chat-add` ("reply with just the number"), a reply here is several lines, and a wrong partial sum is not final:
 a later line may recompute it, and only the last line is read. So a prefix of an earlier reply is a state (the sums so
@@ -62,10 +62,12 @@ NUMBER = re.compile(r"-?\d+")
 
 @dataclass(frozen=True)
 class ChatChainTask:
-    """Sums of 3 or 4 numbers from 1-9, asked in chat after one worked example; `answer` is the sum.
+    """Sums of `sizes` numbers (3 by default; 4 made pass@1 0.07) from 1-`max_operand`, asked in chat after one
+    worked example; `answer` is the sum.
 
     Which problems are held out depends only on a hash of the operands' multiset and `seed`, so the train and held-out
     sets never share a sum's operands in any order. `wording` picks one of `WORDINGS` (the calibration compares them).
+    The defaults are the calibrated task: 534 training prompts, 195 held out.
     """
 
     seed: int = 0
