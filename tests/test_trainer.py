@@ -180,7 +180,8 @@ def test_seed_fraction_zero_reproduces_grpo_trainer(make_trainer, tmp_path):
     seeds.train()
     grpo = make_trainer(trainer_cls=GRPOTrainer, config_cls=GRPOConfig, max_steps=4, output_dir=str(tmp_path / "grpo"))
     grpo.train()
-    assert _losses(seeds) == _losses(grpo)
+    # The same losses up to float rounding: the shared-prefix forward sums over other numbers of masked zeros
+    assert _losses(seeds) == pytest.approx(_losses(grpo), rel=1e-5, abs=1e-7)
     assert len(seeds.seed_bank) == 4 * 8  # the rollouts were banked all the same
 
 
