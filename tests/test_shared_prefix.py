@@ -10,6 +10,7 @@ from tests.conftest import logged
 from ts_trl.trainer.shared_prefix import pack_rows, unpack
 
 TOL = dict(rtol=1e-4, atol=1e-5)
+FP32 = dict(bf16=False)  # GRPOConfig's bf16 default runs the forward under CPU bf16 autocast
 
 
 def _batch(vocab: int, seed: int = 0):
@@ -70,7 +71,7 @@ def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, attention):
-    trainer = make_trainer(max_steps=1, seed_fraction=0.0)
+    trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
     model = trainer.model
     model.set_attn_implementation(attention)
     model.train()
@@ -97,7 +98,7 @@ def logged_share(trainer) -> float:
 
 
 def _train(make_trainer, tmp_path, name, shared, **settings):
-    trainer = make_trainer(shared_prefix=shared, output_dir=str(tmp_path / name), **settings)
+    trainer = make_trainer(shared_prefix=shared, output_dir=str(tmp_path / name), **FP32, **settings)
     trainer.train()
     return trainer
 
@@ -141,7 +142,7 @@ def test_lora_training_with_and_without_sharing_is_the_same(make_trainer, tmp_pa
         args = SeedGRPOConfig(
             output_dir=str(tmp_path / str(shared)), per_device_train_batch_size=8, num_generations=4,
             max_completion_length=12, max_steps=4, save_steps=2, logging_steps=1, learning_rate=1e-3, report_to=[],
-            use_cpu=True, seed=0, seed_fraction=1.0, disable_tqdm=True, shared_prefix=shared,
+            use_cpu=True, seed=0, seed_fraction=1.0, disable_tqdm=True, shared_prefix=shared, bf16=False,
         )  # fmt: skip
         tokenizer = build_tokenizer()
         trainer = SeedGRPOTrainer(
