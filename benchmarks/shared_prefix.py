@@ -49,8 +49,8 @@ def _batch(trainer, groups: int, group_size: int, prompt_tokens: int, completion
     prompts = ChatAddTask().make_splits(groups, 1)[0]["prompt"]
     rows = []
     for prompt in prompts:
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         while prompt_tokens and len(ids) < prompt_tokens:  # the long setting: the question repeated as context
             ids = ids[:-5] + ids
         rows.append(ids[-prompt_tokens:] if prompt_tokens else ids)
