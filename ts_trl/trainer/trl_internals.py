@@ -56,6 +56,9 @@ TRL_INTERNALS = {
     "completion ids and tool-result ids, and runs tools from _sync_tool_dicts/_async_tool_dicts; "
     "_generate_and_score_completions resets `environments` (from _environment_pool, _multi_environment) before "
     "`_generate`; `_env_tools`, `_batch_environments` and `trl.chat_template_utils.parse_response` parse a turn",
+    "fused_lm_head": "GRPOTrainer._get_per_token_logps_and_entropies scores through TRL's fused LM head "
+    "(`model(..., fused_lm_head=True)`, `.log_probs`, `.entropy`), which takes pre-shifted `shift_labels` and passes "
+    "the attention mask and position ids to the backbone: the shared-prefix forward packs its rows for it",
     "tool_suffix": "GRPOTrainer._get_tool_suffix_ids(tool_messages) gives the ids of a run of tool results (and the next "
     "assistant header) as the loop appends them, and `chat_template`/`chat_template_kwargs` are what it renders "
     "with: agent-trace text seeds are rendered through them",
