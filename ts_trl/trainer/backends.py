@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -27,6 +27,7 @@ from transformers import LogitsProcessorList
 
 from ..method.cutting import continuation_budget
 from .prefix_forcing import ForcedPrefix
+from .trl_internals import replaced
 
 RESULT_KEYS = ("completion_ids", "logprobs", "logprob_token_ids")  # per completion, prompt-major, in client answers
 
@@ -137,33 +138,6 @@ def weight_sync_by_reload(generation) -> Callable[[], None]:
         generation.llm.reset_prefix_cache()
 
     return sync_weights
-
-
-@contextlib.contextmanager
-def replaced(owner, name: str, replacement):
-    """Sets `owner.<name>` (or `owner[name]` for a mapping) to `replacement` for the duration, then puts back exactly
-    what was there: the same object, or nothing when `owner` itself did not hold one (a class attribute stays)."""
-    if isinstance(owner, MutableMapping):
-        had, saved = name in owner, owner.get(name)
-        owner[name] = replacement
-        try:
-            yield
-        finally:
-            if had:
-                owner[name] = saved
-            else:
-                del owner[name]
-        return
-    own = vars(owner)
-    had, saved = name in own, own.get(name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(owner, name, saved)
-        else:
-            delattr(owner, name)
 
 
 class SeededBackend:

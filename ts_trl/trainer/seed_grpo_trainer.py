@@ -57,7 +57,7 @@ from ..store.schema import tokenizer_fingerprint
 from ..store.seed_store import SeedSnapshotCallback, SeedStore, StoreSettings
 from ..tiny import save_base_for_adapter
 from .agentic import ToolLoopSeeds, tool_call_markup_ids
-from .backends import SeededBackend, colocated_engine_kwargs, replaced
+from .backends import SeededBackend, colocated_engine_kwargs
 from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .model_repo import ModelRepo
@@ -78,7 +78,7 @@ from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
 from .shared_prefix import SharedPrefixForward
 from .threads import cpu_training_threads, torch_threads
 from .trace_scores import success_scorer
-from .trl_internals import loadable_by_path, without_tied_keys
+from .trl_internals import loadable_by_path, replaced, without_tied_keys
 
 
 class SeedGRPOTrainer(SharedPrefixForward, ModelRepo, GRPOTrainer):

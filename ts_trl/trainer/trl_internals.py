@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import MutableMapping
 from types import SimpleNamespace
 
 import transformers.trainer as hf_trainer
@@ -17,7 +18,6 @@ import transformers.trainer as hf_trainer
 from ..store.format import SEEDS_DIR
 from ..store.lock import LOCK_FILE, RUNNING_FILE
 from ..tiny import save_model_from_this_rank
-from .backends import replaced
 
 TRL_HOOKS = (
     "_generate_and_score_completions",
@@ -105,6 +105,33 @@ class _ModelRepoApi:
         return self._api.upload_folder(
             *args, ignore_patterns=[*patterns, f"{SEEDS_DIR}/*", LOCK_FILE, RUNNING_FILE], **kwargs
         )
+
+
+@contextlib.contextmanager
+def replaced(owner, name: str, replacement):
+    """Sets `owner.<name>` (or `owner[name]` for a mapping) to `replacement` for the duration, then puts back exactly
+    what was there: the same object, or nothing when `owner` itself did not hold one (a class attribute stays)."""
+    if isinstance(owner, MutableMapping):
+        had, saved = name in owner, owner.get(name)
+        owner[name] = replacement
+        try:
+            yield
+        finally:
+            if had:
+                owner[name] = saved
+            else:
+                del owner[name]
+        return
+    own = vars(owner)
+    had, saved = name in own, own.get(name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(owner, name, saved)
+        else:
+            delattr(owner, name)
 
 
 @contextlib.contextmanager
