@@ -11,6 +11,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the Hub endpoint when online
+# One torch thread in the tests and the commands they start, unless the caller set OMP_NUM_THREADS: on a busy 2-core
+# machine two threads spin-wait for each other, and the real model's tests ran past pytest's timeout (issue 58).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # A suite started in the background (`bash .ci/run &` without job control) inherits SIGINT ignored, and so would every
 # process the Ctrl-C tests start: a terminal's Ctrl-C never reaches a process that ignores it. A handled signal is

@@ -96,6 +96,12 @@ def test_the_model_card_loads_what_it_describes(embedded_run, monkeypatch):
     assert f'model="{embedded_run.name}"' in card.text and str(embedded_run.parent) not in card.text
     monkeypatch.chdir(embedded_run.parent)
     assert _run_snippet(card.text).strip() != ""
+    # A 0.3M-parameter model's one reply may be wrong, and the card says so with its held-out score (issue 58).
+    after = json.loads((embedded_run / "report.json").read_text())["held_out_pass@1_after"]
+    assert (
+        f"may well be wrong: a sample of this model solves a held-out problem with probability\n{after:.4g}"
+        in card.text
+    )
 
     dataset_card = DatasetCard((embedded_run / "seeds" / "README.md").read_text())
     assert "Qwen2ForCausalLM" not in str(dataset_card) and "ts_trl's tiny Qwen2 model" in dataset_card.text

@@ -141,7 +141,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "reward names": (
             ["--reward_funcs", "embedded", "accuracy", "no_such_package.rewards:f", "ts_trl.rewards:later", *fresh],
             [
-                "Unknown reward 'accuracy'; known rewards are ['binary_code', 'chat_add', 'code', 'embedded',",
+                "Unknown reward 'accuracy'; known rewards are ['binary_code', 'chat_add', 'chat_chain', 'code', 'embedded',",
                 "Cannot import reward function 'no_such_package.rewards:f': No module named 'no_such_package'",
             ],
         ),

@@ -96,6 +96,11 @@ def test_held_out_set_is_sampled_only_where_the_curve_needs_it(tmp_path, monkeyp
     assert len(sampled) == 1  # the last step only: step 0's score comes with the checkpoint
     report = json.loads((output_dir / "report.json").read_text())
     assert report["held_out_pass@1_before"] == before and isinstance(report["held_out_pass@1_after"], float)
+    # The resumed segment's figures, labelled: the whole run's steps, the segment's own steps and minutes (issue 58).
+    assert report["steps"] == 4 and report["resumed_at_step"] == 2 and report["steps_this_segment"] == 2
+    assert report["minutes_this_segment"] > 0 and "minutes" not in report
+    assert report["held_out_pass@1_after_step"] == 4
+    assert report["held_out_pass@1_by_step"] == {"0": before, "4": report["held_out_pass@1_after"]}
     held = [line.split(",") for line in (output_dir / "learning_curve.csv").read_text().splitlines()[1:]]
     assert [(int(step), float(value)) for step, kind, value in held if kind == "held_out_pass@1"] == [
         (0, before),
@@ -141,3 +146,35 @@ def test_ctrl_c_prints_the_resume_command_as_the_user_typed_it(tmp_path):
     command = shlex.split(output.split("Resume with:\n", 1)[1].splitlines()[0])
     step = json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
     assert command == ["ts_trl", *argv, "--resume_from_checkpoint", str(tmp_path / "run" / f"checkpoint-{step}")]
+
+
+def test_an_interrupted_runs_report_keeps_every_held_out_score_it_measured(tmp_path, monkeypatch, capsys):
+    """Scored at every step, stopped by SIGTERM at step 3: the report's "after" is the last score the run measured,
+    with its step, and every score is kept, as the console showed them (it was `null`: issue 58)."""
+    import json
+    import signal
+
+    from ts_trl.cli.interrupt import SaveOnInterrupt
+    from ts_trl.cli.train import run
+
+    monkeypatch.setenv("TS_TRL_CACHE", str(tmp_path / "cache"))
+    on_step_end = SaveOnInterrupt.on_step_end
+
+    def terminated_at_step_3(self, args, state, control, **kwargs):
+        if state.global_step == 3 and not self.interrupted:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return on_step_end(self, args, state, control, **kwargs)
+
+    output_dir = tmp_path / "run"
+    argv = ["--output_dir", str(output_dir), *EMBEDDED_TINY, "--max_steps", "6", "--save_steps", "6"]
+    argv += ["--embedded_eval_every", "1", "--logging_steps", "1", "--disable_tqdm", "true", "--report_to", "none"]
+    monkeypatch.setattr(SaveOnInterrupt, "on_step_end", terminated_at_step_3)
+    assert run(argv) == 143
+    printed = capsys.readouterr().out
+    report = json.loads((output_dir / "report.json").read_text())
+    held = [line.split(",") for line in (output_dir / "learning_curve.csv").read_text().splitlines()[1:]]
+    curve = {step: float(value) for step, kind, value in held if kind == "held_out_pass@1"}
+    assert sorted(curve) == ["0", "1", "2", "3"]
+    assert report["steps"] == 3 and report["held_out_pass@1_by_step"] == curve and "resumed_at_step" not in report
+    assert report["held_out_pass@1_after"] == curve["3"] and report["held_out_pass@1_after_step"] == 3
+    assert re.search(r"held_out_pass@1_after +\d", printed) and "held_out_pass@1_after_step 3" in printed

@@ -370,11 +370,14 @@ def test_dataset_card_renders_and_parses_back():
         steps=[200, 100],
         num_rows=128,
         reward_columns=["reward_accuracy"],
+        checkpoint_steps=[200],
     )
     data = DatasetCard(str(card)).data
+    # Snapshots and checkpoints counted apart: a shard is written at each of both (issue 58).
+    assert "128 rows from 2 seed snapshots (steps 100, 200), of which\n1 is a checkpoint" in card.text
     assert data.configs == [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
     assert set(data.tags) == {"thinking-seeds", "trl"}
-    for text in ("`seed_origin`", "`prefix_len`", "`reward_accuracy`", "checkpoint-100", "fp123"):
+    for text in ("`seed_origin`", "`prefix_len`", "`reward_accuracy`", "`checkpoint-200`", "fp123"):
         assert text in card.text
     assert (
         f'load_dataset("{REPO_ID}"' in card.text
@@ -555,3 +558,88 @@ def test_a_batch_no_reward_can_score_does_not_stop_training(make_trainer, tmp_pa
     assert trainer.state.global_step == 2 and (tmp_path / "run" / "checkpoint-2").is_dir()
     assert any(h.get("reward") is None for h in trainer.state.log_history if "reward" in h)
     assert "thinking-seeds" in (tmp_path / "run" / "README.md").read_text()
+
+
+def _adapter_of_a_local_base(tmp_path, tokenizer, marker: dict | None, **settings):
+    """Trains a LoRA adapter for 2 steps on a tiny model loaded from the local folder `models/Tiny-Base-1234`, which
+    carries a conversion marker (as `smollm2_135m_instruct` writes it) when `marker` is given; returns the trainer."""
+    from peft import LoraConfig
+
+    from tests.conftest import count_reward, tiny_prompts
+    from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
+    from ts_trl.resources import CONVERTED_MARKER
+    from ts_trl.tiny import build_tiny_model
+
+    base = tmp_path / "models" / "Tiny-Base-1234"
+    build_tiny_model(tokenizer).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    if marker is not None:
+        (base / CONVERTED_MARKER).write_text(json.dumps(marker))
+    args = SeedGRPOConfig(
+        output_dir=str(tmp_path / "run"), use_cpu=True, report_to=[], per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=8, max_steps=2, save_steps=1, card_license="apache-2.0", **settings,
+    )  # fmt: skip
+    trainer = SeedGRPOTrainer(
+        model=str(base), reward_funcs=count_reward, args=args, train_dataset=tiny_prompts(),
+        peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+def test_a_pushed_adapter_of_a_converted_model_names_the_hub_model_never_a_local_path(hub, tmp_path, tokenizer):
+    """A base ts_trl converted from a Hub model's release (as `smollm2_135m_instruct` marks it) is named by that Hub
+    id in the pushed card, adapter config and seeds card; the card says where the weights came from (issue 58)."""
+    marker = {"hub_id": "org/tiny-base", "weights": "the GGUF conversion of a wheel", "how_to_get": "`pip install it`",
+              "import": "from somewhere import tiny_base_folder", "path": "tiny_base_folder()"}  # fmt: skip
+    settings = dict(push_to_hub=True, hub_model_id="org/adapter", push_seeds_to_hub=True)
+    trainer = _adapter_of_a_local_base(tmp_path, tokenizer, marker, **settings)
+    trainer.push_to_hub()
+    # What push_to_hub uploads: the output_dir's files (read there: run after this file's other model pushes, the
+    # upload of a model loaded by path did not reach this test's local Hub, a test-server matter left open).
+    files = {name: (tmp_path / "run" / name).read_bytes() for name in ("adapter_config.json", "README.md")}
+    for config in (
+        files["adapter_config.json"],
+        (tmp_path / "run" / "checkpoint-2" / "adapter_config.json").read_bytes(),
+    ):
+        assert json.loads(config)["base_model_name_or_path"] == "org/tiny-base"
+    card = ModelCard(files["README.md"].decode())
+    seeds_card = DatasetCard(hub.files("org/adapter-seeds")["README.md"].decode())
+    assert seeds_card.data.pretty_name == "Thinking Seeds rollouts of org/tiny-base"
+    assert str(tmp_path) not in card.text and str(tmp_path) not in str(seeds_card)
+    assert (
+        card.data.base_model == "org/tiny-base"
+        and "[org/tiny-base](https://huggingface.co/org/tiny-base)" in card.text
+    )
+    assert "the GGUF conversion of a wheel" in card.text and "`pip install it`" in card.text
+    assert "AutoModelForCausalLM.from_pretrained(tiny_base_folder())" in card.text  # the base as trained on
+
+
+def test_an_adapter_of_a_local_model_names_it_by_its_folders_name(tmp_path, tokenizer):
+    """A local base with no Hub id is named by its folder's name, never by this machine's path, and the card says that
+    the folder must be copied (issue 58)."""
+    trainer = _adapter_of_a_local_base(tmp_path, tokenizer, None)
+    trainer.save_model()
+    trainer.create_model_card()
+    run = tmp_path / "run"
+    for folder in (run, run / "checkpoint-2"):
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "Tiny-Base-1234"
+    card = ModelCard((run / "README.md").read_text())
+    seeds_card = DatasetCard((run / "seeds" / "README.md").read_text())
+    assert seeds_card.data.pretty_name == "Thinking Seeds rollouts of Tiny-Base-1234"
+    assert str(tmp_path / "models") not in card.text + str(seeds_card)
+    assert card.data.base_model is None and "the local model `Tiny-Base-1234`" in card.text
+    assert "copy that folder" in card.text
+
+
+def test_the_seeds_card_counts_seed_snapshots_and_checkpoints_apart(make_trainer, tmp_path):
+    """A shard every step, a checkpoint every second step: 4 snapshots, 2 of them checkpoints (the card said "from 4
+    checkpoints": issue 58), counted once the checkpoint folder exists."""
+    trainer = make_trainer(output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, seed_snapshot_steps=1)
+    trainer.train()
+    card = DatasetCard((tmp_path / "run" / "seeds" / "README.md").read_text())
+    rows = sum(
+        entry["rows"] for entry in json.loads((tmp_path / "run" / "seeds" / "manifest.json").read_text())["shards"]
+    )
+    assert f"{rows} rows from 4 seed snapshots (steps 1, 2, 3, 4), of which\n2 are checkpoints" in card.text
+    assert "(`checkpoint-2`, `checkpoint-4`)" in card.text and "checkpoint-3" not in card.text

@@ -75,10 +75,7 @@ def _module_graph() -> dict[str, set[str]]:
     """Module -> the ts_trl modules it imports, at module level or inside a function (a lazy import defers the
     import, not the dependency: a circle through one is still a circle)."""
     return {
-        name: {
-            t for t, _, _ in _imports(name, path) if t in MODULES and t != name
-        }
-        for name, path in MODULES.items()
+        name: {t for t, _, _ in _imports(name, path) if t in MODULES and t != name} for name, path in MODULES.items()
     }
 
 

@@ -150,6 +150,10 @@ def test_the_agentic_python_example_runs_as_written_and_shows_a_seeded_tool_turn
     assert prefix.startswith("prefix: ") and "[add " in prefix and "\\nR: " in prefix, prefix  # a call, its result
     assert lines[-1].startswith("continued: ")
     assert "Seeding starts late" not in result.stderr and "would train plain GRPO" not in result.stderr
+    # Its own lines only: no metric dict from TRL, no bar at each save (issue 58); a reward for each of the 8 steps.
+    assert "{'loss'" not in result.stdout and "Writing model shards" not in result.stdout + result.stderr
+    rewards = re.search(r"mean reward by step: \[(.*)\]", result.stdout).group(1).split(", ")
+    assert len(rewards) == 8 and all(0.0 <= float(reward) <= 1.0 for reward in rewards)
 
 
 @pytest.mark.parametrize("python_flags", [[], ["-W", "error"]])

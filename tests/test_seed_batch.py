@@ -11,8 +11,9 @@ from ts_trl.method.cutting import Cut, SeedSplicer
 from ts_trl.method.old_tokens import old_token_inputs, weight_old_tokens
 from ts_trl.method.planning import GroupPlan, state_advantages
 from ts_trl.store.bank import Seed
-from ts_trl.trainer.backends import replaced, requests_per_budget
+from ts_trl.trainer.backends import requests_per_budget
 from ts_trl.trainer.seed_batch import assemble_responses, generation_request
+from ts_trl.trainer.trl_internals import replaced
 
 G = 2
 

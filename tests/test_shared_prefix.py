@@ -10,6 +10,7 @@ from tests.conftest import logged
 from ts_trl.trainer.shared_prefix import pack_rows, unpack
 
 TOL = dict(rtol=1e-4, atol=1e-5)
+FP32 = dict(bf16=False)  # GRPOConfig's bf16 default runs the forward under CPU bf16 autocast
 
 
 def _batch(vocab: int, seed: int = 0):
@@ -41,8 +42,8 @@ def test_pack_rows_computes_each_group_prefix_once():
     for row in range(8):
         for t in range(C):
             index = packed.source[row, t].item()
-            if mask[row, 6 + t] == 0:
-                assert index == packed.tokens
+            if mask[row, 6 + t] == 0:  # scored nothing, as TRL scores it: log-prob 0
+                assert index == packed.tokens or packed.shift_labels[0, index] == -100
                 continue
             assert packed.input_ids[0, index] == ids[row, 5 + t]
             assert packed.position_ids[0, index] == 5 + t
@@ -55,7 +56,8 @@ def test_pack_rows_computes_each_group_prefix_once():
     second_own = packed.source[2, 4].item()
     assert not visible[second_own, first_own] and not visible[first_own, second_own]
     assert not visible[packed.source[4, 0], packed.source[0, 0]]
-    assert unpack(torch.arange(packed.tokens)[None].float(), packed)[1, 7:].tolist() == [0.0, 0.0, 0.0]
+    scored = torch.arange(packed.tokens)[None].float() * (packed.shift_labels != -100)  # as the fused head gives
+    assert unpack(scored, packed)[1, 7:].tolist() == [0.0, 0.0, 0.0]
 
 
 def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
@@ -70,7 +72,7 @@ def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, attention):
-    trainer = make_trainer(max_steps=1, seed_fraction=0.0)
+    trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
     model = trainer.model
     model.set_attn_implementation(attention)
     model.train()
@@ -97,6 +99,9 @@ def logged_share(trainer) -> float:
 
 
 def _train(make_trainer, tmp_path, name, shared, **settings):
+    # SGD: Adam scales each coordinate's step by its own gradient's size, so a float-rounding difference in a
+    # near-zero gradient coordinate becomes a full-size step; with SGD the parameters differ as the gradients do.
+    settings = {"optim": "sgd", "learning_rate": 0.1, **FP32, **settings}
     trainer = make_trainer(shared_prefix=shared, output_dir=str(tmp_path / name), **settings)
     trainer.train()
     return trainer
@@ -141,7 +146,7 @@ def test_lora_training_with_and_without_sharing_is_the_same(make_trainer, tmp_pa
         args = SeedGRPOConfig(
             output_dir=str(tmp_path / str(shared)), per_device_train_batch_size=8, num_generations=4,
             max_completion_length=12, max_steps=4, save_steps=2, logging_steps=1, learning_rate=1e-3, report_to=[],
-            use_cpu=True, seed=0, seed_fraction=1.0, disable_tqdm=True, shared_prefix=shared,
+            use_cpu=True, seed=0, seed_fraction=1.0, disable_tqdm=True, shared_prefix=shared, bf16=False,
         )  # fmt: skip
         tokenizer = build_tokenizer()
         trainer = SeedGRPOTrainer(
@@ -155,7 +160,7 @@ def test_lora_training_with_and_without_sharing_is_the_same(make_trainer, tmp_pa
         torch.testing.assert_close(a, b, **TOL, msg=name)
 
 
-def test_where_packing_cannot_be_exact_the_trl_forward_runs_with_one_warning(make_trainer, caplog):
+def test_where_packing_cannot_be_exact_the_trl_forward_runs_with_one_warning(make_trainer, caplog, monkeypatch):
     trainer = make_trainer(max_steps=1, seed_fraction=0.0)
     model = trainer.model
     ids, mask, C = _batch(model.config.vocab_size)
@@ -167,12 +172,13 @@ def test_where_packing_cannot_be_exact_the_trl_forward_runs_with_one_warning(mak
         for _ in range(2):  # warned once per reason
             logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, C, token_type_ids=ids * 0)
         torch.testing.assert_close(logps, reference)
-        model.config._attn_implementation = "flash_attention_2"  # read only, never run: the check comes first
+        # as with flash or flex attention, which take no arbitrary 4D mask
+        monkeypatch.setattr("ts_trl.trainer.shared_prefix.EXACT_ATTENTION", ("eager",))
         trainer._get_per_token_logps_and_entropies(model, ids, mask, C)
-        model.config._attn_implementation = "sdpa"
+        monkeypatch.undo()
         distinct = torch.cat([ids[:1], ids[4:5]])  # one unpadded row per prompt: nothing to share
         trainer._get_per_token_logps_and_entropies(model, distinct, torch.ones_like(distinct), C)
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 3, warnings
-    assert "token-type" in warnings[0] and "flash_attention_2" in warnings[1] and "no tokens are shared" in warnings[2]
+    assert "token-type" in warnings[0] and "'sdpa'" in warnings[1] and "no tokens are shared" in warnings[2]
     assert len(trainer._metrics["train"]["shared_prefix/token_share"]) == before

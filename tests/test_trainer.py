@@ -176,11 +176,15 @@ def test_continuation_keeps_the_seed_logprobs_on_its_prefix(seeded_run):
 
 
 def test_seed_fraction_zero_reproduces_grpo_trainer(make_trainer, tmp_path):
-    seeds = make_trainer(seed_fraction=0.0, max_steps=4, output_dir=str(tmp_path / "seeds"))
+    # fp32 (no CPU bf16 autocast), so that the shared-prefix forward's rounding stays at fp32's
+    seeds = make_trainer(seed_fraction=0.0, max_steps=4, output_dir=str(tmp_path / "seeds"), bf16=False)
     seeds.train()
-    grpo = make_trainer(trainer_cls=GRPOTrainer, config_cls=GRPOConfig, max_steps=4, output_dir=str(tmp_path / "grpo"))
+    grpo = make_trainer(
+        trainer_cls=GRPOTrainer, config_cls=GRPOConfig, max_steps=4, output_dir=str(tmp_path / "grpo"), bf16=False
+    )
     grpo.train()
-    assert _losses(seeds) == _losses(grpo)
+    # The same losses up to float rounding: the shared-prefix forward sums over other numbers of masked zeros
+    assert _losses(seeds) == pytest.approx(_losses(grpo), rel=1e-5, abs=1e-7)
     assert len(seeds.seed_bank) == 4 * 8  # the rollouts were banked all the same
 
 

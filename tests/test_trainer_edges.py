@@ -128,3 +128,31 @@ def test_trl_validation_errors_are_not_hidden_by_seeding_refusals(tmp_path, toke
             processing_class=tokenizer,
             rollout_func=rollout_func,
         )
+
+
+@pytest.mark.parametrize("omp", [None, "2"])
+def test_the_trainer_trains_on_one_torch_thread_on_cpu_unless_omp_num_threads_says(omp, make_trainer, monkeypatch):
+    """Through the Python API as through `ts_trl train`: torch's default two threads on two busy cores spin-wait for
+    each other (the real model's tests timed out, issue 58); a user's OMP_NUM_THREADS is followed as torch follows it."""
+    import torch
+
+    seen = []
+    training_step = SeedGRPOTrainer.training_step
+
+    def counting_step(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return training_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(SeedGRPOTrainer, "training_step", counting_step)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if omp:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    trainer = make_trainer(max_steps=2)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # what torch picks on two cores when OMP_NUM_THREADS is unset
+    try:
+        trainer.train()
+        assert torch.get_num_threads() == 2  # restored after training
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [1, 1] if omp is None else seen == [2, 2]

@@ -4,6 +4,7 @@ reads, writes or patches (`ts_trl.trainer.trl_internals`), disappears, changes i
 import inspect
 
 import pytest
+import torch
 from trl import GRPOTrainer
 
 from ts_trl.trainer.backends import SeededBackend
@@ -239,7 +240,24 @@ def _tool_suffix(t):
     assert hasattr(t, "chat_template") and isinstance(t.chat_template_kwargs, dict)
 
 
+def _fused_lm_head(t):
+    """TRL scores through its fused LM head, which takes pre-shifted `shift_labels` and passes the attention mask and
+    position ids to the backbone: the shared-prefix forward scores its packed sequence that way."""
+    source = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "fused_lm_head=True" in source and "outputs.log_probs" in source and "outputs.entropy" in source
+    ids = torch.tensor([[5, 6, 7, 8]])
+    labels = torch.tensor([[6, -100, 8, 9]])
+    with torch.no_grad():
+        shifted = t.model(input_ids=ids, labels=ids, fused_lm_head=True).log_probs
+        pre_shifted = t.model(
+            input_ids=ids, shift_labels=labels, position_ids=torch.arange(4)[None], fused_lm_head=True
+        )
+    assert pre_shifted.log_probs.shape == (1, 4) and pre_shifted.log_probs[0, 1] == 0
+    torch.testing.assert_close(pre_shifted.log_probs[0, 0], shifted[0, 0])
+
+
 CHECKS = {
+    "fused_lm_head": _fused_lm_head,
     "tool_suffix": _tool_suffix,
     "tool_loop": _tool_loop,
     "tool_mask": _tool_mask,

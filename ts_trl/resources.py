@@ -6,6 +6,7 @@ In a wheel they are the package data `ts_trl.model_cards`, `ts_trl.recipes` and 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -35,3 +36,16 @@ def packaged_file(kind: str, name: str) -> Path | None:
 def cache_root() -> Path:
     """Where ts_trl caches what it can rebuild: `$TS_TRL_CACHE`, else `~/.cache/ts_trl`."""
     return Path(os.environ.get("TS_TRL_CACHE", Path.home() / ".cache" / "ts_trl"))
+
+
+# Written last into a model folder that ts_trl converted from a release elsewhere (smollm2.py): what the weights are,
+# the Hub id of the model they are a release of, and how to get them, for the cards of what is trained on them.
+CONVERTED_MARKER = "ts_trl_converted.json"
+
+
+def converted_from(folder: str | os.PathLike) -> dict | None:
+    """The conversion marker of a model folder ts_trl converted (`CONVERTED_MARKER`), or None for any other path."""
+    try:
+        return json.loads((Path(folder).expanduser() / CONVERTED_MARKER).read_text())
+    except (OSError, ValueError):
+        return None

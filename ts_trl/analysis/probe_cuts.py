@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--task",
         default="add",
-        help="Built-in single-turn task: add, chain, chain-strict or chat-add (its prompts and reward).",
+        help="Built-in single-turn task: add, chain, chain-strict, chat-add or chat-chain (its prompts and reward).",
     )
     parser.add_argument(
         "--checkpoint",
@@ -150,7 +150,9 @@ def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget:
         base = i * (args.seeds + g)
         seeds += [(i, samples[base + s], rewards[base + s]) for s in range(args.seeds)]
         plain = rewards[base + args.seeds : base + args.seeds + g]
-        records.append({"kind": "plain", "ratio": "", "seed_passed": "", "passes": int(sum(plain)), "size": g})
+        records.append(
+            {"kind": "plain", "ratio": "", "seed_passed": "", "passes": int(sum(plain)), "size": g, "prompt": i}
+        )
     contexts, budgets, jobs = [], [], []
     for ratio in ratios:
         for i, seed_ids, seed_reward in seeds:
@@ -173,6 +175,7 @@ def probe(model, tokenizer, rows: list[dict], ratios: list[float], args, budget:
                 "seed_passed": int(seed_reward >= 1.0),
                 "passes": int(passes),
                 "size": g,
+                "prompt": i,  # so that a selection by prompt (passrate) can be read off the groups
             }
         )
     return records

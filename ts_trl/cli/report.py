@@ -56,6 +56,45 @@ def logged_held_out_pass_at_1(trainer, step: int) -> float | None:
     return values[-1] if values else None
 
 
+def held_out_scores(trainer) -> dict[int, float]:
+    """Every held-out pass@1 the learning curve logged, by step (a resumed run's earlier ones come with its
+    checkpoint's log history; a step logged twice, by a run and a resume that went back before it, keeps the later)."""
+    return {h["step"]: h[PASS_AT_1_METRIC] for h in trainer.state.log_history if PASS_AT_1_METRIC in h}
+
+
+def held_out_figures(trainer, metrics: dict) -> dict:
+    """The report's held-out figures: `metrics`' before/after, the last measured score as "after" where the run
+    measured none at its last step (it was interrupted), with the step of each, and every score the run measured."""
+    if "held_out_pass@1_after" not in metrics:
+        return metrics
+    scores = held_out_scores(trainer)
+    figures = dict(metrics)
+    after_step = trainer.state.global_step
+    if figures["held_out_pass@1_after"] is None and any(step > 0 for step in scores):
+        after_step = max(scores)
+        figures["held_out_pass@1_after"] = scores[after_step]
+    if figures["held_out_pass@1_after"] is not None:
+        figures["held_out_pass@1_after_step"] = after_step
+    if scores:
+        figures["held_out_pass@1_by_step"] = {str(step): value for step, value in sorted(scores.items())}
+    return figures
+
+
+def run_figures(trainer, start: float) -> dict:
+    """Steps and minutes, labelled: a fresh run's are the whole run's; a resumed segment's steps are the whole run's
+    (with the step it resumed at and its own count), and its minutes are its own (the earlier segments' are not kept)."""
+    minutes = (time.time() - start) / 60
+    resumed_at = getattr(trainer, "_initial_global_step", 0)  # transformers: the step this train() call started at
+    if not resumed_at:
+        return {"steps": trainer.state.global_step, "minutes": minutes}
+    return {
+        "steps": trainer.state.global_step,
+        "resumed_at_step": resumed_at,
+        "steps_this_segment": trainer.state.global_step - resumed_at,
+        "minutes_this_segment": minutes,
+    }
+
+
 def seed_statistics(trainer) -> dict:
     """Run means of the seeding metrics TRL logged, the bank's final size, and counts read from the seed dataset."""
     history = trainer.state.log_history
@@ -109,15 +148,18 @@ METHOD_NAMES = {"seeds": "Thinking Seeds", "none": "On-policy GRPO", "replay": "
 
 
 def report_run(trainer, start: float, metrics: dict, interrupted: bool = False) -> dict:
-    """Prints the final report and saves it as `report.json` in the output directory (main process)."""
+    """Prints the final report and saves it as `report.json` in the output directory (main process).
+
+    The held-out figures keep every score the run measured (`held_out_figures`); the seeding statistics are the whole
+    run's (a resumed run's log history and seed shards include its earlier segments); `run_figures` labels the rest.
+    """
     output_dir = Path(trainer.args.output_dir)
     seeds = output_dir / "seeds"
     report = {
-        **metrics,
+        **held_out_figures(trainer, metrics),
         # Main process only: the other ranks exit without touching the seed shards (see seed_statistics).
         "seeds": seed_statistics(trainer) if trainer.accelerator.is_main_process else {},
-        "steps": trainer.state.global_step,
-        "minutes": (time.time() - start) / 60,
+        **run_figures(trainer, start),
         "model": str(output_dir),
         "last_checkpoint": last_checkpoint_of_run(trainer),
         "seed_dataset": str(seeds),

@@ -1,5 +1,5 @@
 """The built-in tasks by name: `add` (the default), `chain`, the agent tasks `calculator` and `register`, and
-`chat-add` for a real model, with the model and budget each is sized for.
+`chat-add` and `chat-chain` for a real model, with the model and budget each is sized for.
 
 `--task` on `ts_trl train`, `compare`, `probe-cuts`, `relay` and `positions` looks its name up here, so that every
 command builds the same problems, the same warm model (hence the same warm-up cache) and the same budget.
@@ -15,6 +15,7 @@ import yaml
 from ts_trl.embedded.agent import AGENT_TASKS, AgentTask, agent_reward, build_agent_tokenizer
 from ts_trl.embedded.chain import ChainTask, chain_reward
 from ts_trl.embedded.chat_add import ChatAddTask, chat_add_reward
+from ts_trl.embedded.chat_chain import ChatChainTask, chat_chain_reward
 from ts_trl.embedded.task import EmbeddedTask, embedded_reward
 from ts_trl.embedded.warmup import DEFAULT_MODEL_KWARGS, build_warm_model
 from ts_trl.resources import packaged_file
@@ -114,6 +115,17 @@ TASKS = {
         tokenizer=None,
         real_model=SMOLLM2_NAME,
     ),
+    # Several lines of partial sums for the same model (recipes/smollm2-135m_chat-chain_lora.yaml): a prefix is a state.
+    "chat-chain": TaskSpec(
+        "chat-chain",
+        {},
+        warmup_steps=0,
+        max_completion_length=recipe_values("smollm2-135m_chat-chain_lora")["max_completion_length"],
+        train_defaults=recipe_values("smollm2-135m_chat-chain_lora"),
+        reward=chat_chain_reward,
+        tokenizer=None,
+        real_model=SMOLLM2_NAME,
+    ),
 }
 CHAIN_TASKS = ("chain", "chain-strict")
 
@@ -139,6 +151,8 @@ def make_task(name: str = DEFAULT_TASK, seed: int = 0, difficulty: int = 2, min_
     task_spec(name)
     if name == "chat-add":
         return ChatAddTask(seed=seed)
+    if name == "chat-chain":
+        return ChatChainTask(seed=seed)
     if name in CHAIN_TASKS:
         return ChainTask(seed=seed)
     if name in AGENT_TASKS:
@@ -162,9 +176,11 @@ def build_task_model(name: str, task=None, warmup_steps: int | None = None, **wa
 
 def task_reward(task) -> Callable:
     """The reward that scores `task`'s held-out set (the learning curve, the report)."""
+    if isinstance(task, ChatChainTask):
+        return chat_chain_reward
     return chat_add_reward if isinstance(task, ChatAddTask) else embedded_reward
 
 
 def is_real_model_task(task) -> bool:
     """Whether `task` is sized for a real model (the package's tiny one does not know it)."""
-    return isinstance(task, ChatAddTask)
+    return isinstance(task, (ChatAddTask, ChatChainTask))

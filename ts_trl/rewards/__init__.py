@@ -15,6 +15,7 @@ from importlib import import_module
 LAZY_REWARDS = {
     "embedded": "ts_trl.embedded.task:embedded_reward",
     "chat_add": "ts_trl.embedded.chat_add:chat_add_reward",
+    "chat_chain": "ts_trl.embedded.chat_chain:chat_chain_reward",
 }
 # Every registered name: `registry.REWARDS`' and `LAZY_REWARDS`' (tests/test_rewards.py checks them).
 REWARD_NAMES = sorted(["math", "format", "code", "binary_code", *LAZY_REWARDS])

@@ -12,7 +12,8 @@ from pathlib import Path
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from ..resources import packaged_file
-from .files import is_hub_id
+from .checkpoints import checkpoint_folders
+from .files import is_hub_id, public_model_name
 from .schema import SEED_COLUMNS, TURN_COLUMNS, column_type_name
 
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
@@ -105,10 +106,15 @@ def render_dataset_card(
     local: bool = False,
     external: Mapping | None = None,
     turn_columns: Sequence[str] = (),
+    checkpoint_steps: Sequence[int] = (),
 ) -> DatasetCard:
     """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
-    folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them."""
-    steps = sorted(set(steps))
+    folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them.
+    `steps`: the seed snapshots' (a shard each); `checkpoint_steps`: those with a checkpoint kept.
+
+    Long: a keyword-only signature of every field the card shows, then one mapping to the template.
+    """
+    steps, model = sorted(set(steps)), public_model_name(model)  # a Hub id or a folder's name, never a local path
     card_data = DatasetCardData(
         **license_metadata(license, model if is_hub_id(model) else None),
         pretty_name=f"Thinking Seeds rollouts of {model}",
@@ -137,6 +143,7 @@ def render_dataset_card(
         tokenizer_fingerprint=tokenizer_fingerprint,
         steps=steps,
         steps_text=_steps_text(steps),
+        checkpoint_steps=sorted(set(checkpoint_steps) & set(steps)),
         num_rows=num_rows,
         columns=columns,
         external=external_provenance(external),
@@ -153,11 +160,14 @@ def dataset_card_of(
     local: bool = False,
 ) -> DatasetCard:
     """The dataset card for a run's seed folder, from its `manifest` (a `format.SeedManifest`, as the store holds it
-    in memory) and its shards' `columns`: nothing is read from disk."""
+    in memory) and its shards' `columns`: nothing is read back from disk but the names of the run's checkpoint
+    folders, which count the snapshots that are checkpoints."""
     reward_columns = [name for name in columns if name.startswith("reward_")]
     model, tokenizer = manifest.model, manifest.tokenizer
     steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
     external = manifest.external
+    # A shard is written every seed_snapshot_steps steps and at each checkpoint: the kept, complete ones are these.
+    checkpoints = [step for step, _ in checkpoint_folders(Path(manifest.seeds_dir).parent, complete=True)]
     return render_dataset_card(
         turn_columns=[c.name for c in TURN_COLUMNS if c.name in columns],
         repo_id=repo_id,
@@ -170,6 +180,7 @@ def dataset_card_of(
         trained_model_id=trained_model_id,
         local=local,
         external=external,
+        checkpoint_steps=checkpoints,
     )
 
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..resources import converted_from
+
 TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")  # `atomic_write`'s temporary files: `.<name>.tmp-<pid>`
 
 
@@ -143,3 +145,19 @@ def is_hub_id(name: str | None) -> bool:
     return (
         bool(name) and re.fullmatch(r"\w[\w.-]*/\w[\w.-]*", name) is not None and not Path(name).expanduser().exists()
     )
+
+
+def public_model_name(name_or_path: str | None) -> str | None:
+    """How a card or an adapter's config names a model: its Hub id where one is known (a Hub id itself, a folder ts_trl
+    converted from a Hub model's release, a Hub cache snapshot), else a local folder's name, never a path on this
+    machine, which names nothing anywhere else."""
+    if not name_or_path or is_hub_id(name_or_path):
+        return name_or_path
+    path = Path(name_or_path).expanduser()
+    converted = converted_from(path)
+    if converted and converted.get("hub_id"):
+        return converted["hub_id"]
+    cached = [part for part in path.parts if part.startswith("models--")]  # <cache>/models--org--name/snapshots/<sha>
+    if cached and cached[-1].count("--") == 2:
+        return "/".join(cached[-1].split("--")[1:])
+    return path.name if path.exists() else name_or_path

@@ -166,6 +166,7 @@ class SeedStore:
         self.sampling = settings.sampling  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
         self.card_license = settings.card_license
+        self.card_columns: list[str] | None = None  # the columns of the newest shard the local card describes
         self.trained_model_id = settings.trained_model_id
         self.hub_dataset_id = settings.hub_dataset_id
         self.success = (success_reward, settings.success_threshold)
@@ -439,6 +440,7 @@ class SeedStore:
 
     def write_dataset_card(self, columns: list[str]) -> None:
         """Writes `seeds/README.md` for the local layout, so that `load_dataset(<seeds folder>)` reads this run's shards."""
+        self.card_columns = columns
         card = self.dataset_card(columns, str(self.seeds_dir), local=True)
         atomic_write_bytes(self.seeds_dir / "README.md", str(card).encode())
 
@@ -469,6 +471,8 @@ class SeedStore:
         payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
         payload["state"] = self.checkpoint_state()
         atomic_write_json(folder / CHECKPOINT_POINTER, payload)
+        if self.card_columns is not None:  # the card counts this checkpoint, now that its folder exists
+            self.write_dataset_card(self.card_columns)
 
     def finish_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -27,6 +27,7 @@ from transformers import LogitsProcessorList
 
 from ..method.cutting import continuation_budget
 from .prefix_forcing import ForcedPrefix
+from .trl_internals import replaced
 
 RESULT_KEYS = ("completion_ids", "logprobs", "logprob_token_ids")  # per completion, prompt-major, in client answers
 
@@ -109,6 +110,15 @@ def colocated_engine_kwargs(args):
         yield
 
 
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM is its CPU build (False without vLLM: the tests' stand-in engines)."""
+    try:
+        from vllm.platforms import current_platform  # lazy: vLLM only where installed
+    except ImportError:
+        return False
+    return current_platform.is_cpu()
+
+
 def weight_sync_by_reload(generation) -> Callable[[], None]:
     """TRL's colocated weight sync (`VLLMGeneration.sync_weights`) through vLLM's in-place `reload_weights`.
 
@@ -116,42 +126,18 @@ def weight_sync_by_reload(generation) -> Callable[[], None]:
     repacks every linear layer's weight for its GEMM kernels after loading and drops the original (vLLM 0.31,
     `dispatch_cpu_unquantized_gemm`), so that load fails with "'Parameter' object has no attribute 'weight_loader'".
     `reload_weights` restores the layers' loading form, loads the same parameters (TRL's own iterator: the merged
-    adapter under vLLM's names) and repacks them.
+    adapter under vLLM's names) and repacks them. Each tensor is copied: the reload keeps the tensors it was handed until
+    their layer is complete, and TRL's iterator unmerges the adapter in place once it is exhausted, which left some
+    layers with the base weights (the engine's log-probs then strayed from the trained model's).
     """
 
     def sync_weights():
         runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.reload_weights(weights_iterator=generation._iter_named_params())
+        weights = ((name, tensor.clone()) for name, tensor in generation._iter_named_params())
+        runner.reload_weights(weights_iterator=weights)
         generation.llm.reset_prefix_cache()
 
     return sync_weights
-
-
-@contextlib.contextmanager
-def replaced(owner, name: str, replacement):
-    """Sets `owner.<name>` (or `owner[name]` for a mapping) to `replacement` for the duration, then puts back exactly
-    what was there: the same object, or nothing when `owner` itself did not hold one (a class attribute stays)."""
-    if isinstance(owner, MutableMapping):
-        had, saved = name in owner, owner.get(name)
-        owner[name] = replacement
-        try:
-            yield
-        finally:
-            if had:
-                owner[name] = saved
-            else:
-                del owner[name]
-        return
-    own = vars(owner)
-    had, saved = name in own, own.get(name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(owner, name, saved)
-        else:
-            delattr(owner, name)
 
 
 class SeededBackend:
@@ -161,11 +147,8 @@ class SeededBackend:
         self.trainer = trainer
         self._unwrapped: tuple | None = None  # (model_wrapped, its unwrapped model), see `generating_model`
         self._server_max_model_len: int | None = None  # the vLLM server's, asked once at the first seeded step
-        if trainer.use_vllm and trainer.vllm_mode == "colocate":
-            from vllm.platforms import current_platform  # lazy: vLLM, installed (TRL built its engine)
-
-            if current_platform.is_cpu():
-                trainer.vllm_generation.sync_weights = weight_sync_by_reload(trainer.vllm_generation)
+        if trainer.use_vllm and trainer.vllm_mode == "colocate" and vllm_on_cpu():
+            trainer.vllm_generation.sync_weights = weight_sync_by_reload(trainer.vllm_generation)
 
     @property
     def forces_prefixes(self) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
 
+from ..resources import converted_from
 from ..store.dataset_card import (
     THINKING_SEEDS_CITATION,
     external_provenance,
@@ -22,7 +24,7 @@ from ..store.dataset_card import (
     license_text,
     template_path,
 )
-from ..store.files import is_hub_id
+from ..store.files import atomic_write_json, is_hub_id, public_model_name
 from ..store.schema import model_name_of
 from ..tiny import BASE_MODEL_DIR
 
@@ -76,6 +78,7 @@ def render_model_card(
     trackers: Sequence[tuple[str, str, str]] = (),
     versions: Sequence[tuple[str, str]] = (),
     external_seeds: Mapping | None = None,
+    base_origin: Mapping | None = None,
 ) -> ModelCard:
     """The model card of a Thinking Seeds run: metadata for the Hub, how to load it, the method, settings and metrics.
 
@@ -83,10 +86,13 @@ def render_model_card(
     the metadata (`base_model`, `datasets`); a local model or data path is named in the text. The run's own seed
     dataset is an output, so it is linked in the text and not listed under `datasets`. `base_description` names a base
     that has no Hub id (e.g. "ts_trl's tiny ... model"); `base_subfolder` is where an adapter's base is saved inside
-    `repo_ref` when it has no Hub id.
+    `repo_ref` when it has no Hub id. `base_origin`: where a base that ts_trl converted from a Hub model's release came
+    from (`resources.converted_from`): the card names the Hub model, says where the weights came from, and its snippet
+    loads the base as ts_trl got it. `base_model` is named as `store.files.public_model_name` names it, never by a path.
 
     Long: a keyword-only signature of every field the template shows, then one mapping to the template.
     """
+    base_model = public_model_name(base_model)
     hub_base = base_model if is_hub_id(base_model) else None
     card_data = ModelCardData(
         base_model=hub_base,
@@ -100,13 +106,14 @@ def render_model_card(
     if hub_base:
         base_description = hub_link(hub_base)
     elif base_description is None:
-        base_description = f"the model at `{base_model}`" if base_model else "a model built in memory"
+        base_description = f"the local model `{base_model}`" if base_model else "a model built in memory"
     seed_settings = [
         (name, format_value(value))
         for name, value in sorted(seed_config.items())
         if name.startswith(SEED_SETTING_PREFIXES)
     ]
     example = example_prompt if example_prompt else "Hello"
+    held_out = metrics.get("held_out_pass@1_after")  # said beside the snippet: its one reply may be wrong
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path(MODEL_CARD_TEMPLATE)),
@@ -116,12 +123,15 @@ def render_model_card(
         seed_dataset_link=hub_link(seed_dataset_id, "dataset"),
         is_peft=is_peft,
         base_subfolder=base_subfolder,
+        base_origin=base_origin,
+        local_base=None if hub_base or base_subfolder or not base_model else base_model,
         prefix_mode=seed_config.get("prefix_mode", "state"),
         repo_ref=repo_ref,
         repo_is_hub_id=is_hub_id(repo_ref),
         example=repr(example),
         example_is_chat=isinstance(example, list),
         max_new_tokens=max_new_tokens,
+        held_out_pass_at_1=None if held_out is None else format_value(held_out),
         num_processes=num_processes,
         trackers=list(trackers),
         hyperparameters=[(name, format_value(value)) for name, value in hyperparameters.items()],
@@ -251,7 +261,27 @@ def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metri
         trackers=[(name, url, TRACKER_BADGES[name]) for name, url in trackers],
         versions=versions,
         external_seeds=getattr(getattr(trainer, "seed_store", None), "external_provenance", None),
+        base_origin=converted_from(name_or_path) if name_or_path else None,
     )
+
+
+def name_adapter_bases(folder, output_dir) -> None:
+    """Makes the `adapter_config.json` saved in `folder` name its base as the card does (`public_model_name`): the
+    Hub id where one is known, else the folder's name, never this machine's path, which no one who gets it has.
+
+    Rewritten after PEFT saved it: while saving, PEFT looks the base up by that name (on the Hub, for a Hub id), which
+    would cost a Hub request, or an offline warning, at every checkpoint. A base saved in the run's own `base_model/`
+    keeps its path: `AutoPeftModelForCausalLM` loads the run folder by it, and the card's snippet loads the base from
+    that subfolder wherever the run is copied.
+    """
+    path = Path(folder) / "adapter_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    base = config.get("base_model_name_or_path")
+    if base and base != str((Path(output_dir) / BASE_MODEL_DIR).resolve()) and public_model_name(base) != base:
+        config["base_model_name_or_path"] = public_model_name(base)
+        atomic_write_json(path, config)
 
 
 def _first_prompt(dataset) -> str | list | None:

@@ -26,8 +26,10 @@ What differs from TRL's `GRPOTrainer`, hook by hook (nothing else is copied or c
 - `__init__`: refuses bad input before any generation (`checks.py`), and a run whose epochs could never seed
   (`schedule.py`, which also warns when seeding starts late); a model built in memory gets a folder for TRL
   to load its KL reference from (`trl_internals.loadable_by_path`), DeepSpeed gets accelerate's process group.
-- `train`: rebuilds the seed bank from the checkpoint's snapshot on resume; `_save_checkpoint` writes the checkpoint's
-  seed shard first; the pushes keep `seeds/` out of the model repo.
+- `train`: rebuilds the seed bank from the checkpoint's snapshot on resume, on one torch thread on CPU unless the user
+  set `OMP_NUM_THREADS`; `_save_checkpoint` writes the checkpoint's seed shard first.
+- `_save`, `create_model_card` and the pushes (`model_repo.ModelRepo`): adapter configs and the card name the base
+  model by Hub id; the pushes keep `seeds/` out of the model repo and fail in one line.
 
 Everything else lives in its own module; `docs/architecture.md` maps them.
 
@@ -37,9 +39,6 @@ the `num_generations` continuations of the same cut.
 """
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -53,16 +52,15 @@ from ..method.planning import GroupPlan, GroupPlanner, PlannerSettings, state_ad
 from ..store.agent_traces import TurnTemplate
 from ..store.dataset_card import THINKING_SEEDS_CITATION
 from ..store.external_seeds import ExternalSeedSettings, read_external_seeds_on_every_rank
-from ..store.hub import one_line_hub_errors
 from ..store.resume import resume_checkpoint_on_every_rank
 from ..store.schema import tokenizer_fingerprint
 from ..store.seed_store import SeedSnapshotCallback, SeedStore, StoreSettings
 from ..tiny import save_base_for_adapter
 from .agentic import ToolLoopSeeds, tool_call_markup_ids
-from .backends import SeededBackend, colocated_engine_kwargs, replaced
+from .backends import SeededBackend, colocated_engine_kwargs
 from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
-from .model_card import model_card_for
+from .model_repo import ModelRepo
 from .notices import trl_notices_hidden
 from .schedule import SeedingWatch, check_seeding
 from .seed_batch import (
@@ -78,11 +76,12 @@ from .seed_batch import (
 from .seed_grpo_config import SeedGRPOConfig, default_config
 from .seed_metrics import cut_metrics, generated_length_metrics, seed_metrics
 from .shared_prefix import SharedPrefixForward
+from .threads import cpu_training_threads, torch_threads
 from .trace_scores import success_scorer
-from .trl_internals import loadable_by_path, seeds_kept_out_of_model_repo, without_tied_keys
+from .trl_internals import loadable_by_path, replaced, without_tied_keys
 
 
-class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
+class SeedGRPOTrainer(SharedPrefixForward, ModelRepo, GRPOTrainer):
     """GRPO with Thinking Seeds: a share of prompt groups continue, with the current policy, from a cut earlier rollout.
 
     The only changes w.r.t. `GRPOTrainer` are the hooks listed in this module's docstring: the splice of a seed
@@ -189,7 +188,9 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
             if self.args.seed_method != "none":
                 self.seed_store.start(resume_from_checkpoint or None)
                 self.planner.reset(self.seed_store.resumed_state.get("planner"))
-            with trl_notices_hidden():  # TRL's calls of transformers' renamed checkpointing methods, at every step
+            # One torch thread on CPU unless the user set OMP_NUM_THREADS (see threads.py); TRL's notices: its calls of
+            # transformers' renamed checkpointing methods, at every step.
+            with trl_notices_hidden(), torch_threads(cpu_training_threads(self.args.device)):
                 return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             self.seed_store.release()  # the output_dir is free for the next run (or this one's resume)
@@ -427,7 +428,7 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
         metrics["seeds/nan_behaviour_tokens"].append(stats[2].item())
 
     # ----------------------------------------------------------------------------------------------------------------
-    # Checkpoints, the model card, and the model repo (the seeds go to their own dataset repo)
+    # Checkpoints (the model card and the model repo: `model_repo.ModelRepo`)
 
     def _save_checkpoint(self, model, trial):
         # Every save strategy ("steps", "epoch", "best", a Ctrl-C save) passes here right before the checkpoint
@@ -439,41 +440,3 @@ class SeedGRPOTrainer(SharedPrefixForward, GRPOTrainer):
     def _issue_warnings_after_load(self, load_result):
         load_result = without_tied_keys(self.accelerator.unwrap_model(self.model), load_result)
         return super()._issue_warnings_after_load(load_result)
-
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, metrics=None):
-        """Writes `README.md` from this package's template (TRL's own template lookup cannot see ours).
-
-        The one writer of the model card: at every checkpoint (TRL calls it from `_save_checkpoint`), from
-        `push_to_hub`, and at the end of `ts_trl train` with `metrics` (e.g. held-out pass@1) added to the run means.
-        """
-        if not self.is_world_process_zero():
-            return
-        card = model_card_for(self, model_name=model_name, dataset_name=dataset_name, tags=tags, metrics=metrics)
-        card.save(os.path.join(self.args.output_dir, "README.md"))
-
-    # ----------------------------------------------------------------------------------------------------------------
-    # The model repo: the model, its card and tokenizer; the seeds go to their own dataset repo
-
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        repo = self.args.hub_model_id or Path(self.args.output_dir).absolute().name
-        with one_line_hub_errors(
-            f"create the model repo {repo!r} (push_to_hub)",
-            "Check the network, HF_ENDPOINT and `hf auth whoami`, or train without push_to_hub and upload the "
-            f"output_dir later with `hf upload {repo} <output_dir> --exclude 'seeds/*'`.",
-        ):
-            super().init_hf_repo(token=token, private=private)
-
-    def push_to_hub(self, *args, **kwargs):
-        with (
-            one_line_hub_errors(
-                f"push {self.args.output_dir} to the model repo {self.hub_model_id!r}",
-                f"The model is saved in {self.args.output_dir}; upload it later with "
-                f"`hf upload {self.hub_model_id} {self.args.output_dir} --exclude 'seeds/*'`.",
-            ),
-            seeds_kept_out_of_model_repo(),
-        ):
-            return super().push_to_hub(*args, **kwargs)
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        with seeds_kept_out_of_model_repo():
-            return super()._push_from_checkpoint(checkpoint_folder)

@@ -61,6 +61,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_k
     Rows are grouped by identical prompt ids and mask; a group's shared part is its prompt plus the longest common
     start of its completions (ids and mask). Needs TRL's layout: prompts left-padded (the last prompt column real)
     and completions right-padded (no real token after a masked one).
+
+    Long: the layout, the labels and the map back to the rows are built in one pass over each group, and read best
+    beside each other (each packed token's label and the completion position it serves are set where it is added).
     """
     ids, mask = input_ids.tolist(), attention_mask.tolist()
     B, width = input_ids.shape

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import MutableMapping
 from types import SimpleNamespace
 
 import transformers.trainer as hf_trainer
@@ -17,7 +18,6 @@ import transformers.trainer as hf_trainer
 from ..store.format import SEEDS_DIR
 from ..store.lock import LOCK_FILE, RUNNING_FILE
 from ..tiny import save_model_from_this_rank
-from .backends import replaced
 
 TRL_HOOKS = (
     "_generate_and_score_completions",
@@ -56,6 +56,9 @@ TRL_INTERNALS = {
     "completion ids and tool-result ids, and runs tools from _sync_tool_dicts/_async_tool_dicts; "
     "_generate_and_score_completions resets `environments` (from _environment_pool, _multi_environment) before "
     "`_generate`; `_env_tools`, `_batch_environments` and `trl.chat_template_utils.parse_response` parse a turn",
+    "fused_lm_head": "GRPOTrainer._get_per_token_logps_and_entropies scores through TRL's fused LM head "
+    "(`model(..., fused_lm_head=True)`, `.log_probs`, `.entropy`), which takes pre-shifted `shift_labels` and passes "
+    "the attention mask and position ids to the backbone: the shared-prefix forward packs its rows for it",
     "tool_suffix": "GRPOTrainer._get_tool_suffix_ids(tool_messages) gives the ids of a run of tool results (and the next "
     "assistant header) as the loop appends them, and `chat_template`/`chat_template_kwargs` are what it renders "
     "with: agent-trace text seeds are rendered through them",
@@ -102,6 +105,33 @@ class _ModelRepoApi:
         return self._api.upload_folder(
             *args, ignore_patterns=[*patterns, f"{SEEDS_DIR}/*", LOCK_FILE, RUNNING_FILE], **kwargs
         )
+
+
+@contextlib.contextmanager
+def replaced(owner, name: str, replacement):
+    """Sets `owner.<name>` (or `owner[name]` for a mapping) to `replacement` for the duration, then puts back exactly
+    what was there: the same object, or nothing when `owner` itself did not hold one (a class attribute stays)."""
+    if isinstance(owner, MutableMapping):
+        had, saved = name in owner, owner.get(name)
+        owner[name] = replacement
+        try:
+            yield
+        finally:
+            if had:
+                owner[name] = saved
+            else:
+                del owner[name]
+        return
+    own = vars(owner)
+    had, saved = name in own, own.get(name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(owner, name, saved)
+        else:
+            delattr(owner, name)
 
 
 @contextlib.contextmanager
