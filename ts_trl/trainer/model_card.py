@@ -267,7 +267,9 @@ def model_card_for(trainer, model_name=None, dataset_name=None, tags=None, metri
 
 def name_adapter_bases(folder, output_dir) -> None:
     """Makes the `adapter_config.json` saved in `folder` name its base as the card does (`public_model_name`): the
-    Hub id where one is known, else the folder's name, never this machine's path, which no one who gets it has.
+    Hub id where one is known. A local model without a Hub id keeps its path here (the card names it by its folder's
+    name and says how to get it): PEFT and `relay`/`positions` load the base by this field, and a bare folder name
+    would make the adapter unloadable even on the machine that trained it.
 
     Rewritten after PEFT saved it: while saving, PEFT looks the base up by that name (on the Hub, for a Hub id), which
     would cost a Hub request, or an offline warning, at every checkpoint. A base saved in the run's own `base_model/`
@@ -279,9 +281,13 @@ def name_adapter_bases(folder, output_dir) -> None:
         return
     config = json.loads(path.read_text())
     base = config.get("base_model_name_or_path")
-    if base and base != str((Path(output_dir) / BASE_MODEL_DIR).resolve()) and public_model_name(base) != base:
-        config["base_model_name_or_path"] = public_model_name(base)
-        atomic_write_json(path, config)
+    if not base or base == str((Path(output_dir) / BASE_MODEL_DIR).resolve()):
+        return
+    public = public_model_name(base)
+    if public == base or (Path(base).exists() and public == Path(base).name):
+        return  # a local model without a Hub id keeps its path: PEFT loads the adapter's base by it, and only by it
+    config["base_model_name_or_path"] = public
+    atomic_write_json(path, config)
 
 
 def _first_prompt(dataset) -> str | list | None:
