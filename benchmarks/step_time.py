@@ -171,6 +171,8 @@ def _build(name: str, spec: dict, settings: dict, output_dir: str):
         learning_rate=1e-3,
         report_to=[],
         use_cpu=True,
+        bf16=False,  # fp32: seed_fraction=0 reproduces GRPO up to rounding (bf16 autocast rounds the packed and
+        # the padded forward of the shared-prefix pass differently, enough to flip a sampled token)
         seed=0,
         disable_tqdm=True,
     )
