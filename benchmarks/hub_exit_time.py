@@ -3,7 +3,7 @@ huggingface_hub's `HfApi.run_as_future`, and what `CommitScheduler` does with no
 
     PYTHONPATH=. python benchmarks/hub_exit_time.py
 
-The local Hub stand-in of the tests (`tests/hub_server.py`) holds every request for 20 s; each variant runs in a fresh
+The local Hub stand-in of the tests (`tests/support/hub_server.py`) holds every request for 20 s; each variant runs in a fresh
 process that submits one shard and stops waiting for it after 1 s.
 """
 
@@ -60,8 +60,8 @@ def _run(mode: str, endpoint: str, shard: Path, env: dict) -> str:
 
 def main() -> None:
     sys.path.insert(0, os.getcwd())
-    from tests.hub_server import LocalHub
-    from tests.test_hub import write_run
+    from tests.store.test_hub import write_run
+    from tests.support.hub_server import LocalHub
 
     shard = write_run(Path(tempfile.mkdtemp()) / "run", [1])[0]
     env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1", "PYTHONPATH": os.getcwd()}

@@ -57,7 +57,7 @@ def hub(monkeypatch, tmp_path):
     import datasets
     from huggingface_hub import constants as hf_constants
 
-    from tests.hub_server import LocalHub
+    from tests.support.hub_server import LocalHub
 
     server = LocalHub().start()
     monkeypatch.setenv("HF_ENDPOINT", server.endpoint)

@@ -23,7 +23,7 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from tests.conftest import seed_rows
-from tests.test_agentic import recorded_run, seeded_rows
+from tests.trainer.test_agentic import recorded_run, seeded_rows
 from ts_trl import SeedGRPOConfig, SeedGRPOTrainer, smollm2_135m_instruct
 
 pytestmark = pytest.mark.real_model

@@ -1,0 +1,1 @@
+"""Programs and fixtures the tests share: local servers, launch scripts."""
