@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -79,6 +80,11 @@ def hub(monkeypatch, tmp_path):
     )
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    # transformers keeps one HfApi for its pushes, with the endpoint of its first use: a test that reached the Hub
+    # client before this one (in a full run) would leave the Trainer's pushes pointed at the real Hub.
+    import transformers.trainer
+
+    monkeypatch.setattr(sys.modules[transformers.trainer.hf_api.__module__], "_hf_api", None)
     yield server
     server.stop()
     assert server.unknown == [], f"the client called endpoints the local hub lacks: {server.unknown}"
