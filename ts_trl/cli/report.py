@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from ..embedded import pass_at_1
 from ..embedded.agent import AgentTask, agent_pass_at_1
-from ..embedded.curve import PASS_AT_1_METRIC
+from ..embedded.curve import held_out_figures
 from ..embedded.tasks import task_reward
 from ..store.checkpoints import checkpoint_folders
 from ..store.format import SEEDS_DIR, SeedManifest
@@ -45,39 +45,6 @@ def held_out_pass_at_1(trainer, dataset, num_samples: int, task=None) -> float |
         )
     reward = task_reward(task)
     return pass_at_1(model, trainer.processing_class, dataset, reward, trainer.args.max_completion_length, **sampling)
-
-
-def logged_held_out_pass_at_1(trainer, step: int) -> float | None:
-    """The held-out pass@1 the learning curve logged at `step` (a resumed run's earlier values come with its
-    checkpoint's log history), or None where it logged none (DeepSpeed, other processes, no held-out set)."""
-    values = [
-        h[PASS_AT_1_METRIC] for h in trainer.state.log_history if h.get("step") == step and PASS_AT_1_METRIC in h
-    ]
-    return values[-1] if values else None
-
-
-def held_out_scores(trainer) -> dict[int, float]:
-    """Every held-out pass@1 the learning curve logged, by step (a resumed run's earlier ones come with its
-    checkpoint's log history; a step logged twice, by a run and a resume that went back before it, keeps the later)."""
-    return {h["step"]: h[PASS_AT_1_METRIC] for h in trainer.state.log_history if PASS_AT_1_METRIC in h}
-
-
-def held_out_figures(trainer, metrics: dict) -> dict:
-    """The report's held-out figures: `metrics`' before/after, the last measured score as "after" where the run
-    measured none at its last step (it was interrupted), with the step of each, and every score the run measured."""
-    if "held_out_pass@1_after" not in metrics:
-        return metrics
-    scores = held_out_scores(trainer)
-    figures = dict(metrics)
-    after_step = trainer.state.global_step
-    if figures["held_out_pass@1_after"] is None and any(step > 0 for step in scores):
-        after_step = max(scores)
-        figures["held_out_pass@1_after"] = scores[after_step]
-    if figures["held_out_pass@1_after"] is not None:
-        figures["held_out_pass@1_after_step"] = after_step
-    if scores:
-        figures["held_out_pass@1_by_step"] = {str(step): value for step, value in sorted(scores.items())}
-    return figures
 
 
 def run_figures(trainer, start: float) -> dict:

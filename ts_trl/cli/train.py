@@ -21,7 +21,7 @@ from trl import TrlParser, get_peft_config, get_quantization_config
 
 from ..data.loaders import load_training_data
 from ..embedded.cpu import embedded_training_threads, torch_threads
-from ..embedded.curve import LearningCurve
+from ..embedded.curve import LearningCurve, logged_held_out_pass_at_1
 from ..embedded.tasks import build_task_model, is_real_model_task, make_task, task_reward
 from ..rewards import check_reward_columns, get_reward_funcs
 from ..smollm2 import model_path
@@ -32,7 +32,7 @@ from .console import use_compact_console
 from .environment import ConfigError, check_model_source, fail_clearly, program_name, resume_command
 from .interrupt import SaveOnInterrupt
 from .refusals import missing_settings, quantized_without_model
-from .report import held_out_pass_at_1, logged_held_out_pass_at_1, report_run
+from .report import held_out_pass_at_1, report_run
 
 # The exit status of a run stopped by Ctrl-C or SIGTERM once its checkpoint is safe (128 + the signal, as shells report).
 INTERRUPTED_STATUSES = (130, 143)
