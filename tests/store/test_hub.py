@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 
 import datasets
 import pyarrow as pa
@@ -616,14 +617,16 @@ def test_a_pushed_adapter_of_a_converted_model_names_the_hub_model_never_a_local
 
 
 def test_an_adapter_of_a_local_model_names_it_by_its_folders_name(tmp_path, tokenizer):
-    """A local base with no Hub id is named by its folder's name, never by this machine's path, and the card says that
-    the folder must be copied (issue 58)."""
+    """A local base with no Hub id: the cards name it by its folder's name, never by this machine's path, and say that
+    the folder must be copied (issue 58). Its adapter config keeps the path: PEFT, relay and positions load the base by
+    that field, and a bare folder name would leave the adapter unloadable even here."""
     trainer = _adapter_of_a_local_base(tmp_path, tokenizer, None)
     trainer.save_model()
     trainer.create_model_card()
     run = tmp_path / "run"
     for folder in (run, run / "checkpoint-2"):
-        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "Tiny-Base-1234"
+        base = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+        assert Path(base).name == "Tiny-Base-1234" and Path(base).is_dir(), base
     card = ModelCard((run / "README.md").read_text())
     seeds_card = DatasetCard((run / "seeds" / "README.md").read_text())
     assert seeds_card.data.pretty_name == "Thinking Seeds rollouts of Tiny-Base-1234"
