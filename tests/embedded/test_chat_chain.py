@@ -1,10 +1,14 @@
 """The `chat-chain` task: its problems, its final-line reward, its registration, and (marker real_model) a short run
-of it on SmolLM2-135M-Instruct through `trainer.train()` that seeds from a passing earlier reply."""
+of it on SmolLM2-135M-Instruct through `trainer.train()` that seeds from a passing earlier reply; and the splits of
+`chat-add`, whose dataset builder both chat tasks share."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from ts_trl.embedded.chat_add import INSTRUCTION, ChatAddTask
 from ts_trl.embedded.chat_chain import WORDINGS, ChatChainTask, chat_chain_reward
 from ts_trl.embedded.tasks import is_real_model_task, make_task, task_reward, task_spec
 from ts_trl.rewards import REWARD_NAMES
@@ -28,6 +32,19 @@ def test_splits_are_disjoint_by_operands_and_answers_are_sums():
         task.make_splits(10_000, 1)
     with pytest.raises(ValueError, match="wording must be one of"):
         ChatChainTask(wording=len(WORDINGS))
+
+
+def test_chat_add_splits_are_one_question_each_with_its_sum():
+    train, held_out = ChatAddTask().make_splits(24, 8)
+    for split, data in (("train", train), ("eval", held_out)):
+        assert data["prompt_id"] == [f"{split}-{i:05d}" for i in range(len(data))]
+        for row in data:
+            (message,) = row["prompt"]
+            assert message["role"] == "user" and message["content"].endswith(INSTRUCTION)
+            a, b = map(int, re.findall(r"\d+", message["content"]))
+            assert int(row["answer"]) == a + b
+    with pytest.raises(ValueError, match="problems of the chat-add task, whose pool holds 268"):
+        ChatAddTask().make_splits(1_000, 1)
 
 
 def test_reward_reads_the_final_line_only():

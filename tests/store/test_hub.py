@@ -96,8 +96,8 @@ def test_pushed_shards_load_back_with_load_dataset_and_download(hub, tmp_path, m
     assert hub.lfs_paths(REPO_ID) == set(shard_files(hub))  # the shards took the LFS path, as on the Hub
     assert all(hub.files(REPO_ID)[f"data/{shard.name}"] == shard.read_bytes() for shard in shards)
     assert hub.commit_titles(REPO_ID)[1:] == [f"Add seed shard {shard.name}" for shard in shards]  # one per submit
-    card = DatasetCard(hub.files(REPO_ID)["README.md"].decode())
-    assert card.data.configs[0]["data_files"] == [{"split": "train", "path": "data/*.parquet"}]
+    card = DatasetCard(hub.files(REPO_ID)["README.md"].decode())  # the card of the run's folder and of its repo
+    assert card.data.configs[0]["data_files"] == [{"split": "train", "path": ["step-*.parquet", "data/*.parquet"]}]
     assert "2, 4, 6" in card.text and "reward_accuracy" in card.text
 
     local_rows = rows_of([pq.read_table(shard) for shard in shards])
@@ -376,7 +376,8 @@ def test_dataset_card_renders_and_parses_back():
     data = DatasetCard(str(card)).data
     # Snapshots and checkpoints counted apart: a shard is written at each of both (issue 58).
     assert "128 rows from 2 seed snapshots (steps 100, 200), of which\n1 is a checkpoint" in card.text
-    assert data.configs == [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
+    shards = ["step-*.parquet", "data/*.parquet"]  # the run's seeds/ folder, the Hub repo
+    assert data.configs == [{"config_name": "default", "data_files": [{"split": "train", "path": shards}]}]
     assert set(data.tags) == {"thinking-seeds", "trl"}
     for text in ("`seed_origin`", "`prefix_len`", "`reward_accuracy`", "`checkpoint-200`", "fp123"):
         assert text in card.text
@@ -635,14 +636,34 @@ def test_an_adapter_of_a_local_model_names_it_by_its_folders_name(tmp_path, toke
     assert "copy that folder" in card.text
 
 
-def test_the_seeds_card_counts_seed_snapshots_and_checkpoints_apart(make_trainer, tmp_path):
+def test_the_seeds_card_counts_seed_snapshots_and_checkpoints_apart(hub, make_trainer, tmp_path, monkeypatch):
     """A shard every step, a checkpoint every second step: 4 snapshots, 2 of them checkpoints (the card said "from 4
-    checkpoints": issue 58), counted once the checkpoint folder exists."""
-    trainer = make_trainer(output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, seed_snapshot_steps=1)
+    checkpoints": issue 58), counted once the checkpoint folder exists. A run that pushes renders the card once per
+    snapshot, from the manifest in memory, and the folder and the Hub repo get that one text (issue 56)."""
+    import ts_trl.store.dataset_card
+
+    render, renders = ts_trl.store.dataset_card.render_dataset_card, []
+
+    def counted(**fields):
+        renders.append((fields["steps"], list(fields["checkpoint_steps"])))
+        return render(**fields)
+
+    monkeypatch.setattr(ts_trl.store.dataset_card, "render_dataset_card", counted)
+    trainer = make_trainer(
+        output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, seed_snapshot_steps=1,
+        push_seeds_to_hub=True, hub_seed_dataset_id="org/run-seeds",
+    )  # fmt: skip
     trainer.train()
-    card = DatasetCard((tmp_path / "run" / "seeds" / "README.md").read_text())
+    # One render a snapshot; a checkpoint's waits for its folder, so that it counts that checkpoint.
+    assert renders == [([1], []), ([1, 2], [2]), ([1, 2, 3], [2]), ([1, 2, 3, 4], [2, 4])]
+    text = (tmp_path / "run" / "seeds" / "README.md").read_text()
+    assert hub.files("org/run-seeds")["README.md"].decode() == text
+    card = DatasetCard(text)
+    assert 'load_dataset("org/run-seeds"' in card.text and str(tmp_path) not in text  # the repo, never this path
+    loaded = datasets.load_dataset(str(tmp_path / "run" / "seeds"), split="train", cache_dir=str(tmp_path / "ds"))
     rows = sum(
         entry["rows"] for entry in json.loads((tmp_path / "run" / "seeds" / "manifest.json").read_text())["shards"]
     )
+    assert loaded.num_rows == rows  # the card's configs: read the folder's shards
     assert f"{rows} rows from 4 seed snapshots (steps 1, 2, 3, 4), of which\n2 are checkpoints" in card.text
     assert "(`checkpoint-2`, `checkpoint-4`)" in card.text and "checkpoint-3" not in card.text

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
+from huggingface_hub import DatasetCard
 from transformers import TrainerCallback
 
 from tests.conftest import seed_manifest, tiny_prompts
@@ -608,7 +609,8 @@ def test_a_resume_moves_the_hub_shards_its_manifest_does_not_list_out_of_data(hu
         ".gitattributes",
         "README.md",
     ]
-    assert "path: data/*.parquet" in files["README.md"].decode()  # the card's configs: superseded/ is not read
+    card = DatasetCard(files["README.md"].decode())  # configs: data/ (and the folder's top level), not superseded/
+    assert card.data.configs[0]["data_files"] == [{"split": "train", "path": ["step-*.parquet", "data/*.parquet"]}]
     titles = hub.commit_titles(repo_id)[commits:]
     assert len(titles) == 2 and "does not list" in titles[0] and titles[1] == "Add seed shard step-000004.parquet"
     lines = [r.getMessage() for r in caplog.records if "that the run's manifest does not list" in r.getMessage()]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import re
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from datasets import Dataset
@@ -46,19 +47,27 @@ class ChatAddTask:
         return self._dataset("train", n_train, held_out=False), self._dataset("eval", n_eval, held_out=True)
 
     def _dataset(self, split: str, size: int, held_out: bool) -> Dataset:
-        problems = self._problems(held_out)
-        if size > len(problems):
-            raise ValueError(
-                f"asked for {size} {split} problems of the chat-add task, whose pool holds {len(problems)}"
-            )
-        problems = problems[:size]
-        return Dataset.from_dict(
-            {
-                "prompt": [[{"role": "user", "content": question}] for question, _ in problems],
-                "answer": [str(answer) for _, answer in problems],
-                "prompt_id": [f"{split}-{index:05d}" for index in range(size)],
-            }
-        )
+        return chat_dataset(
+            "chat-add", split, size, self._problems(held_out),
+            chat=lambda problem: [{"role": "user", "content": problem[0]}], answer=lambda problem: problem[1],
+        )  # fmt: skip
+
+
+def chat_dataset(
+    task: str, split: str, size: int, problems: Sequence, chat: Callable[..., list[dict]], answer: Callable[..., int]
+) -> Dataset:
+    """The first `size` of a chat task's `problems` (its pool, in order) as a dataset: `prompt` (`chat(problem)`),
+    `answer` (`answer(problem)`, as text) and `prompt_id`; a `size` the pool cannot give is refused, naming `task`."""
+    if size > len(problems):
+        raise ValueError(f"asked for {size} {split} problems of the {task} task, whose pool holds {len(problems)}")
+    problems = problems[:size]
+    return Dataset.from_dict(
+        {
+            "prompt": [chat(problem) for problem in problems],
+            "answer": [str(answer(problem)) for problem in problems],
+            "prompt_id": [f"{split}-{index:05d}" for index in range(size)],
+        }
+    )
 
 
 def chat_add_reward(completions: list, answer: list[str], **kwargs) -> list[float]:

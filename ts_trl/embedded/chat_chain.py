@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from datasets import Dataset
 
+from ts_trl.embedded.chat_add import chat_dataset
+
 # Each wording: (the worked example's question, its answer, the question's template). The example is a user turn and
 # an assistant turn before the question, so the model sees the format as its own earlier reply.
 WORDINGS = (
@@ -106,19 +108,7 @@ class ChatChainTask:
         return self._dataset("train", n_train, held_out=False), self._dataset("eval", n_eval, held_out=True)
 
     def _dataset(self, split: str, size: int, held_out: bool) -> Dataset:
-        problems = self._problems(held_out)
-        if size > len(problems):
-            raise ValueError(
-                f"asked for {size} {split} problems of the chat-chain task, whose pool holds {len(problems)}"
-            )
-        problems = problems[:size]
-        return Dataset.from_dict(
-            {
-                "prompt": [self.messages(operands) for operands in problems],
-                "answer": [str(sum(operands)) for operands in problems],
-                "prompt_id": [f"{split}-{index:05d}" for index in range(size)],
-            }
-        )
+        return chat_dataset("chat-chain", split, size, self._problems(held_out), chat=self.messages, answer=sum)
 
 
 def final_line(completion: str) -> str:

@@ -17,16 +17,17 @@ from .files import is_hub_id, public_model_name
 from .schema import SEED_COLUMNS, TURN_COLUMNS, column_type_name
 
 DATASET_CARD_TEMPLATE = "dataset_card.md.j2"
-# Where a seed dataset's shards are: under `data/` in a Hub repo, at the top of a run's local `seeds/` folder (where
-# `superseded/` holds set-aside shards that are not part of it). The card's `configs:` block names them, so that
-# `load_dataset(<repo id>)` and `load_dataset(<local folder>)` read exactly these.
-HUB_SHARDS = "data/*.parquet"
+# Where a seed dataset's shards are: at the top of a run's local `seeds/` folder (where `superseded/` holds set-aside
+# shards that are not part of it), and under `data/` in its Hub repo. The card's `configs:` block names both patterns
+# (`datasets` skips a wildcard pattern that matches nothing), so that one card, written to the folder and pushed to the
+# repo, makes `load_dataset(<local folder>)` and `load_dataset(<repo id>)` read exactly these.
 LOCAL_SHARDS = "step-*.parquet"
+HUB_SHARDS = "data/*.parquet"
 
 
-def dataset_configs(shards: str) -> list[dict]:
-    """The `configs:` entry of a seed dataset card: one `train` split of the shards matching `shards`."""
-    return [{"config_name": "default", "data_files": [{"split": "train", "path": shards}]}]
+def dataset_configs(shards: Sequence[str]) -> list[dict]:
+    """The `configs:` entry of a seed dataset card: one `train` split of the shards matching the patterns `shards`."""
+    return [{"config_name": "default", "data_files": [{"split": "train", "path": list(shards)}]}]
 
 
 # The paper has no arXiv number at hand, so the entry carries none rather than a made-up one.
@@ -103,13 +104,14 @@ def render_dataset_card(
     reward_columns: list[str],
     license: str | None = None,
     trained_model_id: str | None = None,
-    local: bool = False,
+    hub: bool = True,
     external: Mapping | None = None,
     turn_columns: Sequence[str] = (),
     checkpoint_steps: Sequence[int] = (),
 ) -> DatasetCard:
-    """The card of a seed dataset: a Hub repo `repo_id` (shards under `data/`), or with `local=True` a run's `seeds/`
-    folder at path `repo_id` (shards at its top). Its `configs:` block makes `load_dataset(repo_id)` read them.
+    """The card of a seed dataset, one text for a run's `seeds/` folder (shards at its top) and, with `hub=True`, its
+    Hub repo (shards under `data/`): its `configs:` block makes `load_dataset` read the shards in either.
+    `repo_id`: where the card says to load it from (the Hub repo when the run pushes one, else the folder's path).
     `steps`: the seed snapshots' (a shard each); `checkpoint_steps`: those with a checkpoint kept.
 
     Long: a keyword-only signature of every field the card shows, then one mapping to the template.
@@ -121,7 +123,7 @@ def render_dataset_card(
         size_categories=[_size_category(num_rows)],
         task_categories=["text-generation"],
         tags=["thinking-seeds", "trl"],
-        configs=dataset_configs(LOCAL_SHARDS if local else HUB_SHARDS),
+        configs=dataset_configs([LOCAL_SHARDS, HUB_SHARDS] if hub else [LOCAL_SHARDS]),
     )
     columns = []
     for seed_column in SEED_COLUMNS:
@@ -136,7 +138,7 @@ def render_dataset_card(
         card_data,
         template_path=str(template_path(DATASET_CARD_TEMPLATE)),
         repo_id=repo_id,
-        local=local,
+        hub=hub,
         trained_model_link=hub_link(trained_model_id),
         model=model,
         model_link=hub_link(model),
@@ -157,11 +159,11 @@ def dataset_card_of(
     repo_id: str,
     license: str | None = None,
     trained_model_id: str | None = None,
-    local: bool = False,
+    hub: bool = True,
 ) -> DatasetCard:
-    """The dataset card for a run's seed folder, from its `manifest` (a `format.SeedManifest`, as the store holds it
-    in memory) and its shards' `columns`: nothing is read back from disk but the names of the run's checkpoint
-    folders, which count the snapshots that are checkpoints."""
+    """The dataset card of a run's seed folder and (`hub=True`) of its Hub repo `repo_id`, from its `manifest` (a
+    `format.SeedManifest`, as the store holds it in memory) and its shards' `columns`: nothing is read back from disk
+    but the names of the run's checkpoint folders, which count the snapshots that are checkpoints."""
     reward_columns = [name for name in columns if name.startswith("reward_")]
     model, tokenizer = manifest.model, manifest.tokenizer
     steps, num_rows = [entry["step"] for entry in manifest.shards], manifest.num_rows
@@ -178,7 +180,7 @@ def dataset_card_of(
         reward_columns=reward_columns,
         license=license,
         trained_model_id=trained_model_id,
-        local=local,
+        hub=hub,
         external=external,
         checkpoint_steps=checkpoints,
     )

@@ -166,7 +166,8 @@ class SeedStore:
         self.sampling = settings.sampling  # written into every shard's metadata
         self.metrics = metrics if metrics is not None else {}  # the trainer's train metrics: hub/* are logged there
         self.card_license = settings.card_license
-        self.card_columns: list[str] | None = None  # the columns of the newest shard the local card describes
+        self.card_columns: list[str] | None = None  # the columns of the newest shard, which the card describes
+        self.unpushed: Path | None = None  # the newest shard, until it goes to the pusher with its card
         self.trained_model_id = settings.trained_model_id
         self.hub_dataset_id = settings.hub_dataset_id
         self.success = (success_reward, settings.success_threshold)
@@ -203,6 +204,7 @@ class SeedStore:
         accelerator = self.accelerator
         self.bank = SeedBank(*self.success)
         self.pending, self.unsnapshotted, self.resumed_state, self.damaged = [], [], {}, set()
+        self.unpushed = None
         fill_bank(self.bank, self.external_seeds, external=True)
         self._hold_output_dir()
         if accelerator.is_main_process:  # the one writer, before it writes: what a killed writer left is stale
@@ -262,12 +264,11 @@ class SeedStore:
         shards = {self.manifest.resolve(s["file"]): s.get("sha256") for s in listed}
         shards = {path: sha256 for path, sha256 in shards.items() if path.is_file()}
         # The card of the manifest in memory, with the columns of the newest listed shard (read once, at start).
-        columns = pq.read_schema(list(shards)[-1]).names if shards else None
-        card = self.dataset_card(columns, self.hub_dataset_id, local=False) if shards else None
+        card = self.dataset_card(pq.read_schema(list(shards)[-1]).names) if shards else None
         # Every listed name, damaged ones included: their copy on the Hub may be the only good one, never set aside.
         # A fresh run's manifest lists none: the repo's data/ shards are an earlier run's.
         names = [s["file"] for s in self.manifest.shards]
-        self.pusher.submit_backlog(shards, card_text=str(card) if card else None, listed=names)
+        self.pusher.submit_backlog(shards, card_text=card, listed=names)
 
     def _hold_output_dir(self) -> None:
         """The main process locks the output_dir (one line when another run holds it); every rank stops with it."""
@@ -394,8 +395,12 @@ class SeedStore:
                 table = rollouts_to_table(rollouts, "", self.model_name, self.tokenizer_fp, self.reward_names)
                 self.unsnapshotted.append(table)
 
-    def write_snapshot(self, step: int, final: bool = False) -> Path | None:
-        """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them."""
+    def write_snapshot(self, step: int, final: bool = False, at_checkpoint: bool = False) -> Path | None:
+        """Writes the rollouts since the last snapshot as `seeds/step-XXXXXX.parquet` (main process) and marks them.
+
+        `at_checkpoint`: the shard of a checkpoint about to be saved, whose card (and push) waits for its folder
+        (`write_checkpoint_pointer`), so that the one card rendered for this snapshot counts that checkpoint.
+        """
         if self.run_id is None:
             return None
         self.flush()
@@ -419,30 +424,33 @@ class SeedStore:
             self.manifest.record(step, table.num_rows, checksum, bank_checksum)
             self.manifest.save()
             self.unsnapshotted = []
-            # This snapshot's cards, from the manifest in memory and the columns of the shard just written (nothing is
-            # read back): the folder's README.md and, with a pusher, the repo's (it names the repo and its data/).
-            self.write_dataset_card(table.column_names)
-            if self.pusher is not None:
-                card = self.dataset_card(table.column_names, self.hub_dataset_id, local=False)
-                self.pusher.submit(path, card_text=str(card))  # returns at once; the upload runs in the background
-                for name, value in self.pusher.status().items():
-                    if isinstance(value, int):
-                        self.metrics.setdefault(f"hub/{name}", []).append(value)
+            self.card_columns, self.unpushed = table.column_names, path
+            if not at_checkpoint:
+                self.publish_card()
         self._attach_snapshot(step, bank_checksum)
         return path
 
-    def dataset_card(self, columns: list[str], dataset_id: str, local: bool):
-        """The card of this run's seed dataset, from its manifest as held in memory and its shards' `columns`."""
+    def dataset_card(self, columns: list[str]) -> str:
+        """The card of this run's seed dataset, from its manifest as held in memory and its shards' `columns`: one text
+        for the `seeds/` folder and the Hub repo, which it names when the run pushes (never this machine's path)."""
+        repo_id, pushed = self.hub_dataset_id or str(self.seeds_dir), self.hub_dataset_id is not None
         license, model_id = self.card_license, self.trained_model_id
-        return dataset_card_of(
-            self.manifest, columns, dataset_id, license=license, trained_model_id=model_id, local=local
-        )
+        card = dataset_card_of(self.manifest, columns, repo_id, license=license, trained_model_id=model_id, hub=pushed)
+        return str(card)
 
-    def write_dataset_card(self, columns: list[str]) -> None:
-        """Writes `seeds/README.md` for the local layout, so that `load_dataset(<seeds folder>)` reads this run's shards."""
-        self.card_columns = columns
-        card = self.dataset_card(columns, str(self.seeds_dir), local=True)
-        atomic_write_bytes(self.seeds_dir / "README.md", str(card).encode())
+    def publish_card(self) -> None:
+        """Renders the card once (main process), writes it as `seeds/README.md`, so that `load_dataset(<seeds folder>)`
+        reads this run's shards, and hands the same text to the pusher with the shard waiting for its push."""
+        if self.card_columns is None:  # no shard written yet
+            return
+        card = self.dataset_card(self.card_columns)
+        atomic_write_bytes(self.seeds_dir / "README.md", card.encode())
+        if self.pusher is not None and self.unpushed is not None:
+            self.pusher.submit(self.unpushed, card_text=card)  # returns at once; the upload runs in the background
+            for name, value in self.pusher.status().items():
+                if isinstance(value, int):
+                    self.metrics.setdefault(f"hub/{name}", []).append(value)
+        self.unpushed = None
 
     def _attach_snapshot(self, step: int, checksum: str | None) -> None:
         """Every rank moves the new rollouts' token ids onto the memory-mapped snapshot the main process just wrote.
@@ -465,14 +473,14 @@ class SeedStore:
     def write_checkpoint_pointer(self, step: int) -> None:
         """Records in `checkpoint-<step>/` which shards, hence which bank, that checkpoint saw."""
         folder = self.output_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        if self.manifest is None or not folder.is_dir():
+        if self.manifest is None:
             return
-        shards = [s for s in self.manifest.shards if s["step"] <= step]
-        payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
-        payload["state"] = self.checkpoint_state()
-        atomic_write_json(folder / CHECKPOINT_POINTER, payload)
-        if self.card_columns is not None:  # the card counts this checkpoint, now that its folder exists
-            self.write_dataset_card(self.card_columns)
+        if folder.is_dir():
+            shards = [s for s in self.manifest.shards if s["step"] <= step]
+            payload = {"run_id": self.run_id, "step": step, "shards": shards, "rows": sum(s["rows"] for s in shards)}
+            payload["state"] = self.checkpoint_state()
+            atomic_write_json(folder / CHECKPOINT_POINTER, payload)
+        self.publish_card()  # the checkpoint's snapshot card, which counts it now that its folder exists, and its push
 
     def finish_pushes(self, timeout: float = HUB_CLOSE_TIMEOUT) -> None:
         """Waits (bounded) for the background uploads; what could not be pushed stays on disk and is reported."""
@@ -485,7 +493,7 @@ class SeedSnapshotCallback(TrainerCallback):
 
     The shard of a checkpoint is written by `SeedGRPOTrainer._save_checkpoint`, which every save strategy goes
     through right before the checkpoint folder is written, so a checkpoint on disk always has its shard; `on_save`
-    then records in the checkpoint which shards it covers.
+    then records in the checkpoint which shards it covers, and writes and pushes that snapshot's card.
     """
 
     def __init__(self, store: SeedStore):
@@ -493,7 +501,9 @@ class SeedSnapshotCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         every = self.store.snapshot_steps
-        if every and state.global_step % every == 0:
+        # A step that also saves a checkpoint (decided before this callback runs) gets its shard from the save.
+        saving = control.should_save and args.save_strategy != "best"
+        if every and state.global_step % every == 0 and not saving:
             self.store.write_snapshot(state.global_step)
 
     def on_save(self, args, state, control, **kwargs):

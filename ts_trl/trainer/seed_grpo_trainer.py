@@ -434,7 +434,7 @@ class SeedGRPOTrainer(SharedPrefixForward, ModelRepo, GRPOTrainer):
         # Every save strategy ("steps", "epoch", "best", a Ctrl-C save) passes here right before the checkpoint
         # folder is written, whenever transformers decided to save: the checkpoint's shard is written first.
         if self.args.seed_method != "none":
-            self.seed_store.write_snapshot(self.state.global_step)
+            self.seed_store.write_snapshot(self.state.global_step, at_checkpoint=True)
         return super()._save_checkpoint(model, trial)
 
     def _issue_warnings_after_load(self, load_result):
