@@ -39,6 +39,25 @@ def tokenizer():
     return build_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def quick_warm_cache(tmp_path_factory) -> Path:
+    """A `TS_TRL_CACHE` holding the warm-up that `ts_trl compare --quick` loads, built once for the session (in this
+    process, as compare builds it) rather than once by each compare test (about 30 s each). How a warm-up is built,
+    cached and reused is tested in tests/embedded/test_embedded.py. `$TS_TRL_CACHE` where set (`.ci/run` fills it)."""
+    if os.environ.get("TS_TRL_CACHE"):
+        return Path(os.environ["TS_TRL_CACHE"])
+    from ts_trl.analysis.compare import build_parser
+    from ts_trl.analysis.compare_protocol import QUICK, task_of
+    from ts_trl.embedded.tasks import build_task_model
+
+    cache = tmp_path_factory.mktemp("quick-warm-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TS_TRL_CACHE", str(cache))
+        args = build_parser().parse_args(["--quick"])
+        build_task_model(args.task, task_of(args), warmup_steps=QUICK.warmup_steps)
+    return cache
+
+
 @pytest.fixture
 def tiny_model(tokenizer):
     return build_tiny_model(tokenizer)

@@ -447,9 +447,26 @@ def test_commands_dispatch_and_module_entry_points(capsys):
     assert main(["nonsense"]) == 2
     assert "unknown command" in capsys.readouterr().err
     assert set(ANALYSES) == {"relay", "positions", "compare", "probe-cuts"}
+    # Each module run as `python -m <module> --help` does (runpy, as __main__), all in one fresh interpreter: the
+    # libraries are imported once rather than four times (about 15 s).
+    script = (
+        "import contextlib, io, runpy, sys\n"
+        "for module in sys.argv[1:]:\n"
+        "    sys.argv, printed, status = [module, '--help'], io.StringIO(), 0\n"
+        "    with contextlib.redirect_stdout(printed):\n"
+        "        try:\n"
+        "            runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+        "        except SystemExit as exit:\n"
+        "            status = exit.code or 0\n"
+        "    print(module, status, repr(printed.getvalue()))\n"
+    )
+    modules = [module for module, _ in ANALYSES.values()]
+    done = subprocess.run([sys.executable, "-c", script, *modules], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    helps = {line.split(" ", 1)[0]: line.split(" ", 2)[1:] for line in done.stdout.splitlines()}
     for name, (module, _) in ANALYSES.items():
-        done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
-        assert done.returncode == 0 and f"ts_trl {name}" in done.stdout
+        status, printed = helps[module]
+        assert status == "0" and f"ts_trl {name}" in printed, helps[module]
 
 
 def test_compare_table_matches_its_runs(tmp_path, monkeypatch, capsys):
@@ -561,14 +578,13 @@ def test_compare_rejects_bad_budget(capsys):
     assert "never brings a training prompt back" in capsys.readouterr().err
 
 
-def _compare(tmp_path, *flags) -> tuple[subprocess.CompletedProcess, float, Path]:
+def _compare(tmp_path, cache, *flags) -> tuple[subprocess.CompletedProcess, float, Path]:
     """`ts_trl compare --quick *flags` in a fresh interpreter; its result, minutes taken and output folder.
 
-    The warm-up comes from `$TS_TRL_CACHE` when set (`.ci/run` sets it, and its main job has filled it), else from a
-    fresh cache in `tmp_path` (about 30 s more).
+    The warm-up comes from `cache` (the session's `quick_warm_cache`: `$TS_TRL_CACHE` when set, which `.ci/run`
+    fills, else built once for the session).
     """
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.setdefault("TS_TRL_CACHE", str(tmp_path / "cache"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TS_TRL_CACHE": str(cache)}
     out = tmp_path / "quick"
     started = time.monotonic()
     done = subprocess.run(
@@ -596,17 +612,19 @@ def _check_quick_comparison(done, out, steps: int) -> None:
     assert {"compare.md", "compare.png", "differences.csv", "curves.csv"} <= {p.name for p in out.iterdir()}
 
 
-def test_the_quick_comparison_in_miniature(tmp_path):
+def test_the_quick_comparison_in_miniature(tmp_path, quick_warm_cache):
     """`ts_trl compare --quick` on its own code path, shrunk to 16 training prompts, 8 a step and 4 steps, so that
     prompts repeat from step 3 and the seeded and replay arms draw from the bank."""
-    done, _, out = _compare(tmp_path, "--steps", "4", "--n_train", "16", "--prompts_per_step", "8", "--n_eval", "16")
+    done, _, out = _compare(
+        tmp_path, quick_warm_cache, "--steps", "4", "--n_train", "16", "--prompts_per_step", "8", "--n_eval", "16"
+    )
     _check_quick_comparison(done, out, steps=4)
 
 
 @pytest.mark.slow
 def test_the_quick_comparison_as_the_readme_runs_it(tmp_path):
     """`ts_trl compare --quick` itself, unshrunk: 4 methods x 2 RNG seeds x 40 steps, within its 10-minute budget."""
-    done, minutes, out = _compare(tmp_path)
+    done, minutes, out = _compare(tmp_path, os.environ.get("TS_TRL_CACHE", tmp_path / "cache"))
     assert minutes <= 10, f"compare --quick took {minutes:.1f} min, over its 10-minute budget"
     _check_quick_comparison(done, out, steps=40)
 

@@ -26,8 +26,9 @@ def _group(pgid: int) -> dict[int, str]:
     return found
 
 
-def test_ctrl_c_of_compare_stops_its_workers(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TS_TRL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+def test_ctrl_c_of_compare_stops_its_workers(tmp_path, quick_warm_cache):
+    # The session's warm-up: the workers start at once, rather than after a warm-up of their own.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TS_TRL_CACHE": str(quick_warm_cache), "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "ts_trl", "compare", "--quick", "--jobs", "2", "--steps", "40", "--n_train", "16"]
     command += ["--prompts_per_step", "8", "--n_eval", "16", "--output_dir", str(tmp_path / "quick")]
     process = subprocess.Popen(
