@@ -89,6 +89,9 @@ def record_of(engines, trainer) -> EngineRecord:
 
 def vllm_config(output_dir, **overrides):
     settings = dict(
+        # The trainer in float32, as the engine: under GRPOConfig's bf16 default it runs its forward under CPU bf16
+        # autocast, whose log-probs differ from the float32 engine's by up to 0.17 nats (and would hide a bad sync).
+        bf16=False,
         use_vllm=True,
         vllm_mode="colocate",
         vllm_engine_kwargs=ENGINE,
@@ -143,8 +146,9 @@ def test_state_mode_sends_prompt_plus_prefix_with_the_budget_it_leaves(smollm2, 
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 4 and all(np.isfinite(h["loss"]) for h in logs)
     assert any(h["seeds/seeded_group_share"] > 0 for h in logs)
-    # TRL's importance-sampling correction ran on the engine's log-probs (its logged vLLM/trainer difference).
-    assert all(np.isfinite(h["sampling/sampling_logp_difference/mean"]) for h in logs)
+    # TRL's importance-sampling correction ran on the engine's log-probs, and they are the trainer's up to float32
+    # rounding (its logged vLLM/trainer difference): the engine generates with the weights being trained.
+    assert all(h["sampling/sampling_logp_difference/max"] < 1e-3 for h in logs), logs
     assert len(seeded) >= 2
 
 
@@ -159,7 +163,10 @@ def engine_after_training(smollm2, engines, tmp_path):
     from transformers import AutoModelForCausalLM
 
     trainer, _ = train(smollm2, engines, vllm_config(tmp_path, max_steps=3))
+    before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
     trainer.vllm_generation.sync_weights()  # what TRL does before the next step's generation
+    # The sync merges the adapter into the base weights and unmerges it: the trainer's weights come back bit for bit.
+    assert [n for n, t in trainer.model.state_dict().items() if not torch.equal(t, before[n])] == []
     tokenizer = trainer.processing_class
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name two colours."}], add_generation_prompt=True, tokenize=False
@@ -190,11 +197,6 @@ def test_the_trained_lora_weights_reach_the_engine(smollm2, engines, tmp_path):
     assert not torch.allclose(trained, base, atol=1e-2), (trained, base)  # training moved the adapter
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found here, not yet explained: after the sync the engine's log-probs differ from the trained model's by "
-    "up to 0.17 nats (and from the base model's); the same gap makes the resumed run's losses differ",
-)
 def test_the_engine_generates_with_the_trained_lora_weights(smollm2, engines, tmp_path):
     engine, trained, _ = engine_after_training(smollm2, engines, tmp_path)
     assert torch.allclose(engine, trained, atol=2e-3), (engine, trained)
@@ -225,7 +227,6 @@ def test_resume_on_the_real_engine_samples_alike(smollm2, engines, tmp_path):
     assert {s: v[2:] for s, v in second.items()} == {s: v[2:] for s, v in first.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="the engine/trainer log-prob gap of the LoRA test above: losses differ")
 def test_resume_on_the_real_engine_trains_alike(smollm2, engines, tmp_path):
     trainer, _ = train(smollm2, engines, vllm_config(tmp_path / "run"), repeats=4)
     resumed_dir = tmp_path / "resumed"
