@@ -157,12 +157,12 @@ def test_action_mode_on_the_real_engine(smollm2, engines, tmp_path):
     check_requests_against_rollouts(record, tmp_path)
 
 
-def engine_after_training(smollm2, engines, tmp_path):
-    """Trains 3 LoRA steps, syncs the weights as TRL does before a generation, and returns the engine's log-probs of a
-    greedy reply with the trained model's and the base model's log-probs of the same tokens."""
+def engine_after_training(smollm2, engines, tmp_path, peft=True, steps=3):
+    """Trains a few steps (LoRA, or all weights), syncs the weights as TRL does before a generation, and returns the
+    engine's log-probs of a greedy reply with the trained model's and the base model's log-probs of the same tokens."""
     from transformers import AutoModelForCausalLM
 
-    trainer, _ = train(smollm2, engines, vllm_config(tmp_path, max_steps=3))
+    trainer, _ = train(smollm2, engines, vllm_config(tmp_path, max_steps=steps), peft=peft)
     before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
     trainer.vllm_generation.sync_weights()  # what TRL does before the next step's generation
     # The sync merges the adapter into the base weights and unmerges it: the trainer's weights come back bit for bit.
@@ -199,6 +199,14 @@ def test_the_trained_lora_weights_reach_the_engine(smollm2, engines, tmp_path):
 
 def test_the_engine_generates_with_the_trained_lora_weights(smollm2, engines, tmp_path):
     engine, trained, _ = engine_after_training(smollm2, engines, tmp_path)
+    assert torch.allclose(engine, trained, atol=2e-3), (engine, trained)
+
+
+def test_the_engine_generates_with_fully_trained_weights(smollm2, engines, tmp_path):
+    """Without LoRA every weight trains, the embedding too, which SmolLM2's LM head shares: the engine scores tokens
+    with the trained head (its packed copy was the first load's until the sync rebuilt it)."""
+    engine, trained, base = engine_after_training(smollm2, engines, tmp_path, peft=False, steps=2)
+    assert not torch.allclose(trained, base, atol=1e-2), (trained, base)
     assert torch.allclose(engine, trained, atol=2e-3), (engine, trained)
 
 

@@ -131,7 +131,9 @@ def weight_sync_by_reload(generation) -> Callable[[], None]:
     their layer is complete, and TRL's iterator unmerges the adapter in place once it is exhausted, which left some
     layers with the base weights. The adapter's base weights are put back as they were after the sync: unmerging
     subtracts what merging added, which in floating point leaves the base weights a rounding off at every sync (a
-    resumed run, whose base comes fresh from disk, then trained a little otherwise than the uninterrupted one).
+    resumed run, whose base comes fresh from disk, then trained a little otherwise than the uninterrupted one). The
+    reload repacks only the layers it loads: a tied LM head shares the embedding's weight but keeps its own packed copy,
+    which `repack_tied_layers` rebuilds (else a full fine-tune's engine scored tokens with the first step's head).
     """
 
     def sync_weights():
@@ -144,9 +146,25 @@ def weight_sync_by_reload(generation) -> Callable[[], None]:
             with torch.no_grad():
                 for tensor, copy in saved:
                     tensor.copy_(copy)
+        repack_tied_layers(runner.model)
         generation.llm.reset_prefix_cache()
 
     return sync_weights
+
+
+def repack_tied_layers(model) -> None:
+    """Rebuilds the CPU GEMM packing (`cpu_linear`) of every vLLM layer whose weight another layer shares: vLLM's
+    reload repacks the layer it loads the tied weight into (the embedding) and places the updated tensor back in the
+    other (the LM head), whose packed copy still holds the weight it was first loaded with."""
+    sharing: dict[int, list] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.numel():
+            sharing.setdefault(id(weight), []).append(module)
+    for modules in sharing.values():
+        for module in modules if len(modules) > 1 else ():
+            if hasattr(module, "cpu_linear"):
+                module.quant_method.process_weights_after_loading(module)
 
 
 def adapter_base_weights(model) -> list[torch.Tensor]:
