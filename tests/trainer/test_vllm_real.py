@@ -257,3 +257,52 @@ def test_prefix_caching_on_and_off_train_alike(smollm2, engines, tmp_path):
         np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-4)
     losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (on, off)]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4, atol=1e-6)
+
+
+def test_tool_run_on_the_real_engine_seeds_prefixes_holding_a_tool_call(engines, tmp_path):
+    """TRL's tool-call loop on the engine: the built-in calculator agent (the tiny model warmed up to call `add`, saved
+    where vLLM loads it) trains with `tools`; seeded rows restart from a prefix that holds a model turn's tool call and
+    the tool's result, sent to the engine as prompt + prefix, and the run trains the whole model through the sync."""
+    from tests.trainer.test_agentic import recorded_run, seeded_rows
+    from ts_trl.embedded.agent import AgentTask, add, agent_reward, build_agent_tokenizer
+    from ts_trl.embedded.warmup import build_warm_model
+
+    task = AgentTask(tool="calculator")
+    model, tokenizer = build_warm_model(task, tokenizer=build_agent_tokenizer(), steps=200, progress=False)
+    model.save_pretrained(tmp_path / "agent")
+    tokenizer.save_pretrained(tmp_path / "agent")
+    dataset, _ = task.make_splits(2, 1)
+
+    def right_answer(completions, answer, **kwargs):
+        return agent_reward(completions, answer)
+
+    args = vllm_config(
+        tmp_path / "run",
+        max_steps=4,
+        learning_rate=1e-4,
+        max_completion_length=96,  # TRL counts tool results against it
+        cut_at_newline=False,
+        vllm_max_model_length=256,  # the tiny model's positions
+    )
+    trainer = SeedGRPOTrainer(
+        model=str(tmp_path / "agent"),
+        processing_class=tokenizer,
+        reward_funcs=right_answer,
+        tools=[add],
+        args=args,
+        train_dataset=dataset,
+    )
+    record = record_of(engines, trainer)
+    batches = recorded_run(trainer)
+    assert all(e["max_tokens"] > 0 and len(e["completion"]) <= e["max_tokens"] for e in record.entries)
+    holding_call = 0
+    for batch, i, seed, cut in seeded_rows(batches):
+        prefix = [int(t) for t in seed.completion_ids[: cut.k]]
+        assert batch["ids"][i][: cut.k] == prefix
+        if 0 in batch["tool_masks"][i][: cut.k]:  # a tool result inside the prefix, after the turn that called it
+            holding_call += 1
+            assert "add" in tokenizer.decode(prefix)
+            assert any(e["prompt"][-cut.k :] == prefix for e in record.entries), "the prefix never reached the engine"
+    assert holding_call, "no seeded prefix held a tool call and its result"
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(h["sampling/sampling_logp_difference/max"] < 1e-3 for h in logs), logs
