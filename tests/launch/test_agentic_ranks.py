@@ -2,8 +2,10 @@
 
 Tools and environments, both prefix modes, HF `generate` (DDP, and ZeRO-3 on CPU) and the faked vLLM backends
 (colocate, also tensor-parallel over both ranks, and server), chosen so that every pair of (agent kind, prefix mode,
-backend) runs once. The environment answers from a total that starts at the rank
-(`agent_launch.RankDrifting`): a seed replays on the rank it was recorded on and mismatches on the other one.
+backend) runs once. The vLLM backends are fakes: the default suite has no vLLM, and TRL's weight transfer to a server
+is NCCL only (tests/trainer/test_vllm_real.py runs a real engine, colocated on one rank). The environment answers
+from a total that starts at the rank (`agent_launch.RankDrifting`): a seed replays on the rank it was recorded on and
+mismatches on the other one.
 """
 
 import json

@@ -278,6 +278,8 @@ def test_seed_shards_hold_openai_messages_and_resume_rebuilds_the_turns(tools_ru
         assert seed.completion_ids.tolist() == before.completion_ids.tolist()
 
 
+# A fake engine: the default suite has no vLLM, and the scripted agent makes every turn known. The real engine's tool
+# run is tests/trainer/test_vllm_real.py's.
 @pytest.mark.parametrize("prefix_mode", ["state", "action"])
 def test_colocate_vllm_seeds_tool_runs(tmp_path, monkeypatch, prefix_mode):
     """TRL's colocate vLLM backend (a scripted stand-in for `LLM`): tool runs seed, the first turn's budget is what
@@ -316,6 +318,7 @@ def test_colocate_vllm_seeds_tool_runs(tmp_path, monkeypatch, prefix_mode):
         assert sent and all(requests[p] == MAX_COMPLETION - cut.k for p in sent)
 
 
+# A fake server: TRL's weight transfer to a server is NCCL only, so no CPU server could take the weight sync.
 def test_server_vllm_seeds_tool_runs(tmp_path, monkeypatch):
     """TRL's server vLLM backend against the local stand-in, answering with the script: tool runs seed, and each
     seeded group's request asks for the budget its prefix leaves."""

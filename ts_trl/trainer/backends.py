@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 from transformers import LogitsProcessorList
 
 from ..method.cutting import continuation_budget
@@ -128,16 +129,54 @@ def weight_sync_by_reload(generation) -> Callable[[], None]:
     `reload_weights` restores the layers' loading form, loads the same parameters (TRL's own iterator: the merged
     adapter under vLLM's names) and repacks them. Each tensor is copied: the reload keeps the tensors it was handed until
     their layer is complete, and TRL's iterator unmerges the adapter in place once it is exhausted, which left some
-    layers with the base weights (the engine's log-probs then strayed from the trained model's).
+    layers with the base weights. The adapter's base weights are put back as they were after the sync: unmerging
+    subtracts what merging added, which in floating point leaves the base weights a rounding off at every sync (a
+    resumed run, whose base comes fresh from disk, then trained a little otherwise than the uninterrupted one). The
+    reload repacks only the layers it loads: a tied LM head shares the embedding's weight but keeps its own packed copy,
+    which `repack_tied_layers` rebuilds (else a full fine-tune's engine scored tokens with the first step's head).
     """
 
     def sync_weights():
         runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+        saved = [(tensor, tensor.detach().clone()) for tensor in adapter_base_weights(generation.model)]
         weights = ((name, tensor.clone()) for name, tensor in generation._iter_named_params())
-        runner.reload_weights(weights_iterator=weights)
+        try:
+            runner.reload_weights(weights_iterator=weights)
+        finally:
+            with torch.no_grad():
+                for tensor, copy in saved:
+                    tensor.copy_(copy)
+        repack_tied_layers(runner.model)
         generation.llm.reset_prefix_cache()
 
     return sync_weights
+
+
+def repack_tied_layers(model) -> None:
+    """Rebuilds the CPU GEMM packing (`cpu_linear`) of every vLLM layer whose weight another layer shares: vLLM's
+    reload repacks the layer it loads the tied weight into (the embedding) and places the updated tensor back in the
+    other (the LM head), whose packed copy still holds the weight it was first loaded with."""
+    sharing: dict[int, list] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.numel():
+            sharing.setdefault(id(weight), []).append(module)
+    for modules in sharing.values():
+        for module in modules if len(modules) > 1 else ():
+            if hasattr(module, "cpu_linear"):
+                module.quant_method.process_weights_after_loading(module)
+
+
+def adapter_base_weights(model) -> list[torch.Tensor]:
+    """The parameters of the layers a PEFT adapter merges into (none for a model without adapters)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: a TRL dependency, needed only with vLLM here
+
+    return [
+        tensor
+        for module in model.modules()
+        if isinstance(module, BaseTunerLayer)
+        for tensor in module.get_base_layer().parameters(recurse=False)
+    ]
 
 
 class SeededBackend:
