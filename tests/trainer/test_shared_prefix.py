@@ -211,9 +211,13 @@ def test_lora_training_with_and_without_sharing_is_the_same(make_trainer, tmp_pa
 @pytest.mark.real_model
 def test_smollm2_with_lora_trains_alike_with_and_without_sharing(tmp_path):
     """SmolLM2-135M-Instruct and its chat template (prompts of about 40 tokens, shared by each group of 2), a LoRA
-    adapter, fp32: a plain step, then a seeded one (the step-1 shard's seeds), the same with the switch on and off."""
-    from tests.test_real_model import config, trainer_for
-    from ts_trl import smollm2_135m_instruct
+    adapter, fp32: a plain step, then a seeded one (the step-1 shard's seeds), the same with the switch on and off.
+    The reward is the reply's length, so every group has a spread and a gradient."""
+    from tests.test_real_model import chat_prompts, config, lora
+    from ts_trl import SeedGRPOTrainer, smollm2_135m_instruct
+
+    def length_reward(completions, **kwargs):
+        return [len(c[-1]["content"]) / 50 for c in completions]
 
     path, histories = smollm2_135m_instruct(), {}
     for shared in (True, False):
@@ -221,7 +225,9 @@ def test_smollm2_with_lora_trains_alike_with_and_without_sharing(tmp_path):
             tmp_path / str(shared), max_steps=2, save_strategy="no", max_completion_length=16, bf16=False,
             optim="sgd", learning_rate=0.05, shared_prefix=shared,
         )  # fmt: skip
-        trainer = trainer_for(path, args)
+        trainer = SeedGRPOTrainer(
+            model=path, reward_funcs=length_reward, args=args, train_dataset=chat_prompts(), peft_config=lora()
+        )
         trainer.train()
         histories[shared] = trainer.state.log_history
 
@@ -230,8 +236,9 @@ def test_smollm2_with_lora_trains_alike_with_and_without_sharing(tmp_path):
 
     shares = logged_values(histories[True], "shared_prefix/token_share")
     assert len(shares) == 2 and max(shares) < 0.9  # the chat prompt is most of a row
-    assert logged_values(histories[True], "seeds/seeded_groups")[-1] > 0
-    for key in ("loss", "grad_norm", "entropy", "completions/mean_length", "seeds/seeded_groups"):
+    assert logged_values(histories[True], "seeds/seeded_group_share")[-1] > 0
+    assert min(logged_values(histories[True], "grad_norm")) > 0
+    for key in ("loss", "grad_norm", "entropy", "completions/mean_length", "reward", "seeds/seeded_group_share"):
         on, off = logged_values(histories[True], key), logged_values(histories[False], key)
         assert len(on) == 2 and on == pytest.approx(off, rel=1e-4, abs=1e-6), key
 
