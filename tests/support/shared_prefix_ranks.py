@@ -21,7 +21,6 @@ from pathlib import Path
 def run(output_dir: Path, shared: bool, resume: Path | None = None) -> dict:
     from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
     from ts_trl.tiny import build_tiny_model, build_tokenizer
-    from ts_trl.trainer.collectives import is_deepspeed
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from datasets import concatenate_datasets
@@ -41,7 +40,7 @@ def run(output_dir: Path, shared: bool, resume: Path | None = None) -> dict:
         optim="sgd",  # SGD: parameters differ as the gradients do (Adam magnifies rounding in tiny coordinates)
         bf16=False,
         report_to=[],
-        use_cpu=not is_deepspeed(),  # DeepSpeed's launcher is skipped under use_cpu (DS_ACCELERATOR=cpu selects it)
+        use_cpu=True,  # a gloo group of both processes, which SeedGRPOTrainer hands to DeepSpeed under ZeRO-3
         seed=0,
         seed_fraction=1.0,
         disable_tqdm=True,

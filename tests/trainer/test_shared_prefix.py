@@ -177,7 +177,7 @@ def test_training_with_and_without_sharing_is_the_same(make_trainer, tmp_path, c
     off = _train(make_trainer, tmp_path, "off", False, **settings)
     assert logged(on, "shared_prefix/token_share"), "the shared forward never ran"
     assert all(share < 1.0 for share in logged(on, "shared_prefix/token_share"))
-    for key in ("loss", "entropy", "rewards/count_reward/mean", "completions/mean_length", "seeds/seeded_groups"):
+    for key in ("loss", "entropy", "rewards/count_reward/mean", "completions/mean_length", "seeds/seeded_group_share"):
         assert logged(on, key) == pytest.approx(logged(off, key), rel=1e-4, abs=1e-6), key
     for (name, a), (_, b) in zip(on.model.named_parameters(), off.model.named_parameters()):
         torch.testing.assert_close(a, b, **TOL, msg=name)

@@ -211,7 +211,12 @@ def pack_rows(
         by_prompt.setdefault((tuple(ids[row][:P]), tuple(mask[row][:P])), []).append(row)
     groups = [_pack_group(ids, mask, rows, P) for rows in by_prompt.values()]
     bins = _bins([len(g.tokens) for g in groups], max_tokens, cost)
+    return _lay_out(groups, bins, input_ids, logits_to_keep)
 
+
+def _lay_out(groups: list[_Group], bins: list[list[int]], input_ids: torch.Tensor, logits_to_keep: int) -> PackedRows:
+    """The packed groups placed in their sequences (`bins`), padded at the end to the longest, with the block mask."""
+    B, width = input_ids.shape
     S, L = len(bins), max(sum(len(groups[g].tokens) for g in b) for b in bins)
     grid = lambda fill: [[fill] * L for _ in range(S)]  # noqa: E731
     tokens, positions, labels, group_of, own, copy = grid(0), grid(0), grid(-100), grid(-1), grid(-1), grid(False)
