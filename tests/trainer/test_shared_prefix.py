@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import logged
-from ts_trl.trainer.shared_prefix import pack_rows, unpack
+from ts_trl.trainer.shared_prefix import ForwardCost, forward_cost, pack_rows, unpack
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 FP32 = dict(bf16=False)  # GRPOConfig's bf16 default runs the forward under CPU bf16 autocast
@@ -30,34 +30,76 @@ def _batch(vocab: int, seed: int = 0):
     return torch.cat([prompt, completion], 1), torch.cat([prompt_mask, completion_mask], 1), C
 
 
-def test_pack_rows_computes_each_group_prefix_once():
+@pytest.mark.parametrize("max_tokens", [None, 0])
+def test_pack_rows_computes_each_group_prefix_once(max_tokens):
+    """All groups in one sequence (None), or one sequence a group (0), the shorter padded at its end."""
     ids, mask, C = _batch(50)
-    packed = pack_rows(ids, mask, C)
+    packed = pack_rows(ids, mask, C, max_tokens=max_tokens)
     # group 0: 6 prompt + 3 shared; group 1: 4 real prompt + 2 shared; each row: a copy of the last shared token and
     # its own real tokens
     own = [7 + 1, 4 + 1, 7 + 1, 7 + 1, 8 + 1, 2 + 1, 8 + 1, 8 + 1]
-    assert packed.tokens == 9 + 6 + sum(own)
+    lengths = [9 + sum(own[:4]), 6 + sum(own[4:])]
+    assert packed.packed_tokens == sum(lengths)
+    assert packed.input_ids.shape == ((1, sum(lengths)) if max_tokens is None else (2, max(lengths)))
     assert packed.unshared_tokens == 8 * 16
+    flat = lambda values: values.reshape(-1)  # noqa: E731 (`source` indexes the sequences laid end to end)
+    input_ids, positions, labels = flat(packed.input_ids), flat(packed.position_ids), flat(packed.shift_labels)
     # every completion token is predicted by a packed token holding the token before it, at the same position
     for row in range(8):
         for t in range(C):
             index = packed.source[row, t].item()
             if mask[row, 6 + t] == 0:  # scored nothing, as TRL scores it: log-prob 0
-                assert index == packed.tokens or packed.shift_labels[0, index] == -100
+                assert index == packed.tokens or labels[index] == -100
                 continue
-            assert packed.input_ids[0, index] == ids[row, 5 + t]
-            assert packed.position_ids[0, index] == 5 + t
-            assert packed.shift_labels[0, index] == ids[row, 6 + t]
+            assert input_ids[index] == ids[row, 5 + t]
+            assert positions[index] == 5 + t
+            assert labels[index] == ids[row, 6 + t]
     # rows of group 0 read their prefix tokens from the same packed positions
     assert packed.source[0, :3].tolist() == packed.source[3, :3].tolist()
-    # a row never sees another row's own tokens, nor another group's
-    visible = packed.visible
+    # a row never sees another row's own tokens, nor another group's, nor padding
+    L = packed.input_ids.shape[1]
+    visible = torch.block_diag(*packed.visible)  # (S L, S L): no token sees another sequence
     first_own = packed.source[0, 4].item()
     second_own = packed.source[2, 4].item()
     assert not visible[second_own, first_own] and not visible[first_own, second_own]
     assert not visible[packed.source[4, 0], packed.source[0, 0]]
-    scored = torch.arange(packed.tokens)[None].float() * (packed.shift_labels != -100)  # as the fused head gives
-    assert unpack(scored, packed)[1, 7:].tolist() == [0.0, 0.0, 0.0]
+    if max_tokens == 0:  # the shorter sequence's padding (sequences by decreasing length) neither sees nor is seen
+        real = (torch.arange(L)[None] < torch.tensor(lengths)[:, None]).reshape(-1)
+        assert (~real).sum() == 2 * L - sum(lengths)
+        assert not visible[real][:, ~real].any() and not visible[~real][:, real].any()
+    scored = torch.arange(packed.tokens).reshape(packed.input_ids.shape).float() * (packed.shift_labels != -100)
+    assert unpack(scored, packed)[1, 7:].tolist() == [0.0, 0.0, 0.0]  # as the fused head gives: 0 where unscored
+
+
+def _embedded_like_batch(groups: int = 32, rows: int = 8, prompt: int = 11, completion: int = 32):
+    """The embedded default's micro-batch shape: 32 short prompts x 8 rows, completions of 16-32 characters."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 40, (groups * rows, prompt + completion), generator=g)
+    ids[:, :prompt] = ids[::rows, :prompt].repeat_interleave(rows, 0)
+    mask = torch.ones_like(ids)
+    for row in range(groups * rows):
+        mask[row, prompt + torch.randint(16, completion + 1, (1,), generator=g).item() :] = 0
+    return ids, mask, completion
+
+
+def test_the_cost_estimate_packs_group_by_group_where_one_sequence_would_cost_more(tokenizer):
+    """The embedded default's model (0.3M parameters) and micro-batch (256 rows): one packed sequence costs more than
+    the padded rows (its attention square; 3.4 s a step against 0.85 s when that was the layout), one sequence a group
+    (bins of groups) less."""
+    from ts_trl.tiny import build_tiny_model
+
+    cost = forward_cost(build_tiny_model(tokenizer, hidden_size=128).config)
+    assert cost.per_token > 0 and cost.per_pair > 0
+    ids, mask, C = _embedded_like_batch()
+    rows = cost.of(*ids.shape)
+    one = pack_rows(ids, mask, C)
+    assert cost.of(*one.input_ids.shape) > 3 * rows
+    chosen = pack_rows(ids, mask, C, cost=cost)
+    assert chosen.input_ids.shape[0] > 1 and cost.of(*chosen.input_ids.shape) < rows
+    assert chosen.packed_tokens == one.packed_tokens
+    # attention free, one sequence is cheapest; every sequence its own group's, the bins reach the longest group
+    assert pack_rows(ids, mask, C, cost=ForwardCost(1.0, 0.0)).input_ids.shape[0] == 1
+    assert pack_rows(ids, mask, C, max_tokens=0).input_ids.shape[0] == 32
 
 
 def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
@@ -70,8 +112,13 @@ def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
     assert "after a masked one" in pack_rows(ids, gap, C)
 
 
+@pytest.mark.parametrize("layout", ["by cost", "one sequence"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, attention):
+def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, monkeypatch, attention, layout):
+    """The trainer's layout for this batch is one sequence a group (two, the shorter padded); with attention priced
+    at nothing, one sequence for both."""
+    if layout == "one sequence":
+        monkeypatch.setattr("ts_trl.trainer.shared_prefix.forward_cost", lambda config: ForwardCost(1.0, 0.0))
     trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
     model = trainer.model
     model.set_attn_implementation(attention)
@@ -91,7 +138,8 @@ def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, a
     torch.testing.assert_close(shared_entropies, entropies, **TOL)
     for name, grad in grads.items():
         torch.testing.assert_close(shared_grads[name], grad, **TOL, msg=name)
-    assert logged_share(trainer) < 1.0
+    # 74 tokens packed: in one sequence, or in two of 38 (group lengths 38 and 36); 8 rows of 16 padded
+    assert logged_share(trainer) == (74 if layout == "one sequence" else 76) / 128
 
 
 def logged_share(trainer) -> float:
@@ -129,7 +177,7 @@ def test_training_with_and_without_sharing_is_the_same(make_trainer, tmp_path, c
     off = _train(make_trainer, tmp_path, "off", False, **settings)
     assert logged(on, "shared_prefix/token_share"), "the shared forward never ran"
     assert all(share < 1.0 for share in logged(on, "shared_prefix/token_share"))
-    for key in ("loss", "entropy", "rewards/count_reward/mean", "completions/mean_length", "seeds/seeded_groups"):
+    for key in ("loss", "entropy", "rewards/count_reward/mean", "completions/mean_length", "seeds/seeded_group_share"):
         assert logged(on, key) == pytest.approx(logged(off, key), rel=1e-4, abs=1e-6), key
     for (name, a), (_, b) in zip(on.model.named_parameters(), off.model.named_parameters()):
         torch.testing.assert_close(a, b, **TOL, msg=name)
@@ -160,6 +208,41 @@ def test_lora_training_with_and_without_sharing_is_the_same(make_trainer, tmp_pa
         torch.testing.assert_close(a, b, **TOL, msg=name)
 
 
+@pytest.mark.real_model
+def test_smollm2_with_lora_trains_alike_with_and_without_sharing(tmp_path):
+    """SmolLM2-135M-Instruct and its chat template (prompts of about 40 tokens, shared by each group of 2), a LoRA
+    adapter, fp32: a plain step, then a seeded one (the step-1 shard's seeds), the same with the switch on and off.
+    The reward is the reply's length, so every group has a spread and a gradient."""
+    from tests.test_real_model import chat_prompts, config, lora
+    from ts_trl import SeedGRPOTrainer, smollm2_135m_instruct
+
+    def length_reward(completions, **kwargs):
+        return [len(c[-1]["content"]) / 50 for c in completions]
+
+    path, histories = smollm2_135m_instruct(), {}
+    for shared in (True, False):
+        args = config(
+            tmp_path / str(shared), max_steps=2, save_strategy="no", max_completion_length=16, bf16=False,
+            optim="sgd", learning_rate=0.05, shared_prefix=shared,
+        )  # fmt: skip
+        trainer = SeedGRPOTrainer(
+            model=path, reward_funcs=length_reward, args=args, train_dataset=chat_prompts(), peft_config=lora()
+        )
+        trainer.train()
+        histories[shared] = trainer.state.log_history
+
+    def logged_values(history, key):
+        return [h[key] for h in history if key in h]
+
+    shares = logged_values(histories[True], "shared_prefix/token_share")
+    assert len(shares) == 2 and max(shares) < 0.9  # the chat prompt is most of a row
+    assert logged_values(histories[True], "seeds/seeded_group_share")[-1] > 0
+    assert min(logged_values(histories[True], "grad_norm")) > 0
+    for key in ("loss", "grad_norm", "entropy", "completions/mean_length", "reward", "seeds/seeded_group_share"):
+        on, off = logged_values(histories[True], key), logged_values(histories[False], key)
+        assert len(on) == 2 and on == pytest.approx(off, rel=1e-4, abs=1e-6), key
+
+
 def test_where_packing_cannot_be_exact_the_trl_forward_runs_with_one_warning(make_trainer, caplog, monkeypatch):
     trainer = make_trainer(max_steps=1, seed_fraction=0.0)
     model = trainer.model
@@ -182,3 +265,31 @@ def test_where_packing_cannot_be_exact_the_trl_forward_runs_with_one_warning(mak
     assert len(warnings) == 3, warnings
     assert "token-type" in warnings[0] and "'sdpa'" in warnings[1] and "no tokens are shared" in warnings[2]
     assert len(trainer._metrics["train"]["shared_prefix/token_share"]) == before
+
+
+def test_where_packing_would_cost_more_the_trl_forward_runs_with_one_warning(make_trainer, caplog):
+    """Two micro-batches of 8 rows with a 2-token prompt and 30-token completions. In the first the completions differ
+    from their first token: the packed group's attention square costs the tiny model more than the 7 prompt copies
+    save, so that micro-batch takes TRL's path. In the second they share 24 tokens (a seed prefix) and are packed."""
+    trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
+    model = trainer.model
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (16, 32), generator=g)
+    ids[:8, :2] = ids[0, :2]
+    ids[8:, :26] = ids[8, :26]
+    mask = torch.ones_like(ids)
+    results = {}
+    for on in (True, False):
+        trainer.args.shared_prefix = on
+        with caplog.at_level(logging.WARNING, logger="ts_trl.trainer.shared_prefix"):
+            for _ in range(2):  # warned once
+                logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+                    model, ids, mask, 30, batch_size=8, compute_entropy=True
+                )
+        results[on] = logps.detach(), entropies.detach()
+    torch.testing.assert_close(results[True], results[False], **TOL)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "cost estimate" in warnings[0], warnings
+    second = pack_rows(ids[8:], mask[8:], 30, cost=forward_cost(model.config))
+    assert logged_share(trainer) == (8 * 32 + second.tokens) / (16 * 32)  # the costly 8 rows computed whole

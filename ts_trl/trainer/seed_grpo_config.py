@@ -118,10 +118,11 @@ class SeedGRPOConfig(GRPOConfig):
 
         shared_prefix (`bool`, *optional*, defaults to `True`):
             Rows of a micro-batch with the same prompt compute the prompt and their common start (the seed prefix of
-            a seeded group) once, in one packed forward with a block mask; the log-probs, entropies and gradients are
+            a seeded group) once, in packed sequences with a block mask; the log-probs, entropies and gradients are
             the unshared path's up to float rounding (docs/performance.md). `False`: TRL's row-by-row forward. Where
-            packing cannot be exact (vision inputs, MoE router loss, flash/flex attention, sliding windows) TRL's path
-            runs anyway, with one warning.
+            packing cannot be exact (vision inputs, MoE router loss, flash/flex attention, sliding windows), or an
+            estimate from the model's sizes says it costs more than the padded rows, TRL's path runs, with one
+            warning.
 
         > Parameters that control the seed dataset on the Hub
 

@@ -2,8 +2,8 @@
 
 TRL scores a micro-batch as `B` padded rows `[prompt | completion]`, each through the whole model. The rows of a
 prompt group share their prompt, and in a seeded group also the seed prefix that leads every completion, so the
-forward computes the same tokens `G` times. Here the micro-batch is packed into one sequence instead: per group of rows
-with identical prompt ids, its shared part (the prompt and the longest common start of the completions) once, then
+forward computes the same tokens `G` times. Here the micro-batch is packed into a few sequences instead: per group of
+rows with identical prompt ids, its shared part (the prompt and the longest common start of the completions) once, then
 each row's own tokens; a block mask lets each row's tokens attend to its group's shared part and to its own earlier
 tokens only, and every token keeps the position id it has in its padded row (`arange(width)`, pads counted, as
 transformers computes them when no position ids are given). The hidden state of a token depends only on the tokens it
@@ -20,10 +20,16 @@ position, so each row starts with a copy of it; the copy attends to what the ori
 to the copy. Tokens the padded rows mask (left pads, pads after the end) are not packed: TRL gives their positions
 log-prob 0 and entropy 0, as here.
 
+A packed sequence's attention runs over every pair of its tokens, most of them masked, so one sequence for a whole
+micro-batch costs the square of all its tokens. A group therefore stays in one sequence and groups share one only as
+far as a cost estimate from the model's sizes (`forward_cost`: dense FLOPs a token, attention FLOPs a pair) finds it
+cheapest; the sequences run as one batch, padded to the longest. Where even that costs more than the padded rows (a
+small model with large groups, or short prompts before long completions), that micro-batch takes TRL's path.
+
 The forward goes through TRL's fused LM head (`model(..., shift_labels=, fused_lm_head=True)`), with a 4D additive
 mask and explicit position ids, in one call of the (possibly DDP / DeepSpeed-wrapped) model. Where packing cannot be
 exact (vision inputs, MoE aux loss, attention kernels that ignore a 4D mask, sliding windows, rows padded otherwise than
-TRL pads them) or saves nothing, TRL's own forward runs, with one warning per reason.
+TRL pads them), saves nothing or costs more, TRL's own forward runs, with one warning per reason.
 """
 
 from __future__ import annotations
@@ -39,31 +45,159 @@ EXACT_ATTENTION = ("eager", "sdpa")  # the kernels that apply an arbitrary 4D ad
 
 
 @dataclass
-class PackedRows:
-    """A micro-batch packed for the shared forward (`pack_rows`). `N` packed tokens, `B` rows, `C` completion columns."""
+class ForwardCost:
+    """A forward's floating-point operations as estimated from the model config (`forward_cost`): per token through
+    the dense layers, and per (query, key) pair of a sequence in attention, which runs over every pair whatever the
+    mask. The LM head is left out: both paths score the same labels."""
 
-    input_ids: torch.Tensor  # (1, N)
-    position_ids: torch.Tensor  # (1, N): each token's column in its padded row
-    visible: torch.Tensor  # (N, N) bool: query i attends key j
-    shift_labels: torch.Tensor  # (1, N): the token each packed token predicts, -100 where TRL scores nothing
-    source: torch.Tensor  # (B, C): the packed token whose prediction is completion token (b, c); N where none
+    per_token: float
+    per_pair: float
+
+    def of(self, sequences: int, length: int) -> float:
+        """`sequences` sequences of `length` tokens (padding counted: it is computed too)."""
+        return sequences * length * (self.per_token + length * self.per_pair)
+
+
+def forward_cost(config) -> ForwardCost | None:
+    """The cost model of a decoder from its config (a gated MLP, grouped-query attention), or None if the config does
+    not say its sizes. The training pass's backward scales both terms alike, so the forward decides."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers = getattr(text, "hidden_size", None), getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    if not (hidden and layers and heads):
+        return None
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    mlp = 3 * hidden * (getattr(text, "intermediate_size", None) or 4 * hidden)
+    mlp *= getattr(text, "num_experts_per_tok", None) or 1
+    projections = hidden * head_dim * 2 * (heads + kv_heads)
+    return ForwardCost(per_token=2 * layers * (projections + mlp), per_pair=2 * layers * 2 * heads * head_dim)
+
+
+@dataclass
+class PackedRows:
+    """A micro-batch packed for the shared forward (`pack_rows`): `S` packed sequences of `L` tokens (the shorter ones
+    padded at the end), `B` rows, `C` completion columns."""
+
+    input_ids: torch.Tensor  # (S, L)
+    position_ids: torch.Tensor  # (S, L): each token's column in its padded row
+    visible: torch.Tensor  # (S, L, L) bool: query i attends key j
+    shift_labels: torch.Tensor  # (S, L): the token each packed token predicts, -100 where TRL scores nothing
+    source: torch.Tensor  # (B, C): the flat index (s * L + i) of the packed token predicting completion token (b, c);
+    # S * L where none
+    packed_tokens: int  # the tokens packed, padding not counted
     unshared_tokens: int  # what TRL's path computes: B x padded width
 
     @property
     def tokens(self) -> int:
-        return self.input_ids.shape[1]
+        """The tokens the packed forward computes, padding counted."""
+        return self.input_ids.numel()
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> PackedRows | str:
-    """Packs `B` padded rows `[prompt | completion]` (the last `logits_to_keep` columns are the completion) into one
-    sequence with a block mask, or returns why they cannot be packed exactly.
+@dataclass
+class _Group:
+    """One group's packed tokens (`_pack_group`), before they are placed in a sequence."""
+
+    tokens: list[int]
+    positions: list[int]
+    labels: list[int]
+    own: list[int]  # the row a token belongs to, -1 for the shared part
+    copy: list[bool]
+    source: dict[tuple[int, int], int]  # (row, completion column) -> index in this group
+
+
+def _pack_group(ids: list, mask: list, rows: list[int], P: int) -> _Group:
+    """The shared part of `rows` (same prompt) once, then each row's own tokens after a copy of the last shared one.
+
+    Long: the layout, the labels and the map back to the rows are built in one pass, and read best beside each other
+    (each packed token's label and the completion position it serves are set where it is added).
+    """
+    width = len(ids[0])
+    C = width - P
+    group = _Group([], [], [], [], [], {})
+
+    def add(row: int, column: int, own_row: int, is_copy: bool, scored: bool) -> int:
+        nxt = column + 1
+        group.tokens.append(ids[row][column])
+        group.positions.append(column)
+        group.labels.append(ids[row][nxt] if scored and P <= nxt < width and mask[row][nxt] else -100)
+        group.own.append(own_row)
+        group.copy.append(is_copy)
+        return len(group.tokens) - 1
+
+    first = rows[0]
+    pairs = [list(zip(ids[r][P:], mask[r][P:])) for r in rows]
+    common = 0
+    while common < C and all(p[common] == pairs[0][common] for p in pairs):
+        common += 1
+    end = P + common  # columns [0, end) are shared
+    branches = len(rows) > 1 and common < C
+    at = {}
+    for column in range(end):
+        if mask[first][column]:
+            last = branches and column == end - 1
+            at[column] = add(first, column, -1, False, scored=not last)
+    for row in rows:
+        for column in range(P - 1, end if not branches else end - 1):
+            if column in at and column + 1 - P < C:
+                group.source[row, column + 1 - P] = at[column]
+    if branches:
+        for row in rows:
+            # `end - 1` is real: the rows differ after it, and a masked column is followed by masked ones only
+            group.source[row, end - P] = add(row, end - 1, row, True, scored=True)
+            for column in range(end, width):
+                if mask[row][column]:
+                    index = add(row, column, row, False, scored=True)
+                    if column + 1 < width:
+                        group.source[row, column + 1 - P] = index
+    return group
+
+
+def _bins(lengths: list[int], max_tokens: int | None, cost: ForwardCost | None) -> list[list[int]]:
+    """Groups (by their packed lengths) placed in sequences, first fit by decreasing length: up to `max_tokens` each
+    (a longer group alone), or, given a cost model, under the budget whose sequences cost least, or all in one."""
+    total = sum(lengths)
+    if max_tokens is None and cost is None:
+        return [list(range(len(lengths)))]
+    order = sorted(range(len(lengths)), key=lambda g: -lengths[g])
+
+    def first_fit(budget: int) -> list[list[int]]:
+        bins, loads = [], []
+        for g in order:
+            fit = next((b for b, load in enumerate(loads) if load + lengths[g] <= budget), None)
+            if fit is None:
+                bins.append([g])
+                loads.append(lengths[g])
+            else:
+                bins[fit].append(g)
+                loads[fit] += lengths[g]
+        return bins
+
+    if max_tokens is not None:
+        return first_fit(max_tokens)
+    budgets, budget = {total}, max(lengths)
+    while budget < total:
+        budgets.add(budget)
+        budget *= 2
+    layouts = [first_fit(b) for b in sorted(budgets)]
+    return min(layouts, key=lambda bins: cost.of(len(bins), max(sum(lengths[g] for g in b) for b in bins)))
+
+
+def pack_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    cost: ForwardCost | None = None,
+    max_tokens: int | None = None,
+) -> PackedRows | str:
+    """Packs `B` padded rows `[prompt | completion]` (the last `logits_to_keep` columns are the completion) into
+    sequences with a block mask, or returns why they cannot be packed exactly.
 
     Rows are grouped by identical prompt ids and mask; a group's shared part is its prompt plus the longest common
-    start of its completions (ids and mask). Needs TRL's layout: prompts left-padded (the last prompt column real)
-    and completions right-padded (no real token after a masked one).
-
-    Long: the layout, the labels and the map back to the rows are built in one pass over each group, and read best
-    beside each other (each packed token's label and the completion position it serves are set where it is added).
+    start of its completions (ids and mask). A group stays in one sequence; groups share a sequence up to
+    `max_tokens` packed tokens (0: one sequence a group), or as `cost` estimates cheapest, or all in one. Needs TRL's
+    layout: prompts left-padded (the last prompt column real) and completions right-padded (no real token after a
+    masked one).
     """
     ids, mask = input_ids.tolist(), attention_mask.tolist()
     B, width = input_ids.shape
@@ -72,89 +206,68 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_k
         return "prompts are not left-padded to a real last token"
     if any(any(a < b for a, b in zip(m[P:], m[P + 1 :])) for m in mask):
         return "a completion has a real token after a masked one"
-    groups: dict[tuple, list[int]] = {}
+    by_prompt: dict[tuple, list[int]] = {}
     for row in range(B):
-        groups.setdefault((tuple(ids[row][:P]), tuple(mask[row][:P])), []).append(row)
+        by_prompt.setdefault((tuple(ids[row][:P]), tuple(mask[row][:P])), []).append(row)
+    groups = [_pack_group(ids, mask, rows, P) for rows in by_prompt.values()]
+    bins = _bins([len(g.tokens) for g in groups], max_tokens, cost)
+    return _lay_out(groups, bins, input_ids, logits_to_keep)
 
-    tokens, positions, labels, group_of, row_of, copy = [], [], [], [], [], []
-    source = [[-1] * logits_to_keep for _ in range(B)]
 
-    def label(row: int, column: int) -> int:
-        nxt = column + 1
-        return ids[row][nxt] if P <= nxt < width and mask[row][nxt] else -100
+def _lay_out(groups: list[_Group], bins: list[list[int]], input_ids: torch.Tensor, logits_to_keep: int) -> PackedRows:
+    """The packed groups placed in their sequences (`bins`), padded at the end to the longest, with the block mask."""
+    B, width = input_ids.shape
+    S, L = len(bins), max(sum(len(groups[g].tokens) for g in b) for b in bins)
+    grid = lambda fill: [[fill] * L for _ in range(S)]  # noqa: E731
+    tokens, positions, labels, group_of, own, copy = grid(0), grid(0), grid(-100), grid(-1), grid(-1), grid(False)
+    source = [[S * L] * logits_to_keep for _ in range(B)]
+    for s, members in enumerate(bins):
+        offset = 0
+        for g in members:
+            group, n = groups[g], len(groups[g].tokens)
+            tokens[s][offset : offset + n] = group.tokens
+            positions[s][offset : offset + n] = group.positions
+            labels[s][offset : offset + n] = group.labels
+            group_of[s][offset : offset + n] = [g] * n
+            own[s][offset : offset + n] = group.own
+            copy[s][offset : offset + n] = group.copy
+            for (row, column), index in group.source.items():
+                source[row][column] = s * L + offset + index
+            offset += n
 
-    def add(row: int, column: int, group: int, own_row: int, is_copy: bool, scored: bool) -> int:
-        tokens.append(ids[row][column])
-        positions.append(column)
-        labels.append(label(row, column) if scored else -100)
-        group_of.append(group)
-        row_of.append(own_row)
-        copy.append(is_copy)
-        return len(tokens) - 1
-
-    for g, rows in enumerate(groups.values()):
-        first = rows[0]
-        pairs = [list(zip(ids[r][P:], mask[r][P:])) for r in rows]
-        common = 0
-        while common < logits_to_keep and all(p[common] == pairs[0][common] for p in pairs):
-            common += 1
-        end = P + common  # columns [0, end) are shared
-        branches = len(rows) > 1 and common < logits_to_keep
-        at = {}
-        for column in range(end):
-            if mask[first][column]:
-                last = branches and column == end - 1
-                at[column] = add(first, column, g, -1, False, scored=not last)
-        for row in rows:
-            for column in range(P - 1, end if not branches else end - 1):
-                if column in at and column + 1 - P < logits_to_keep:
-                    source[row][column + 1 - P] = at[column]
-        if not branches:
-            continue
-        for row in rows:
-            # `end - 1` is real: the rows differ after it, and a masked column is followed by masked ones only
-            source[row][end - P] = add(row, end - 1, g, row, True, scored=True)
-            for column in range(end, width):
-                if mask[row][column]:
-                    index = add(row, column, g, row, False, scored=True)
-                    if column + 1 < width:
-                        source[row][column + 1 - P] = index
-
-    n = len(tokens)
-    device = input_ids.device
-    as_tensor = lambda values: torch.tensor(values, device=device)  # noqa: E731
-    group, own, is_copy, pos = as_tensor(group_of), as_tensor(row_of), as_tensor(copy), as_tensor(positions)
+    as_tensor = lambda values: torch.tensor(values, device=input_ids.device)  # noqa: E731
+    group_t, own_t, copy_t, pos = as_tensor(group_of), as_tensor(own), as_tensor(copy), as_tensor(positions)
+    # padding (group -1) sees only padding, so no query is left without a key
     visible = (
-        (group[:, None] == group[None, :])
-        & (pos[None, :] <= pos[:, None])
-        & ~is_copy[None, :]
-        & ((own[None, :] == -1) | (own[None, :] == own[:, None]))
+        (group_t[:, :, None] == group_t[:, None, :])
+        & (pos[:, None, :] <= pos[:, :, None])
+        & ~copy_t[:, None, :]
+        & ((own_t[:, None, :] == -1) | (own_t[:, None, :] == own_t[:, :, None]))
     )
-    source_t = as_tensor(source)
-    source_t[source_t < 0] = n
     return PackedRows(
-        input_ids=as_tensor(tokens)[None].to(input_ids.dtype),
-        position_ids=pos[None],
+        input_ids=as_tensor(tokens).to(input_ids.dtype),
+        position_ids=pos,
         visible=visible,
-        shift_labels=as_tensor(labels)[None],
-        source=source_t,
+        shift_labels=as_tensor(labels),
+        source=as_tensor(source),
+        packed_tokens=sum(len(g.tokens) for g in groups),
         unshared_tokens=B * width,
     )
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
-    """Per-token values of the packed sequence `(1, N)` laid out as the `(B, C)` completions, 0 where none."""
-    flat = torch.cat([values[0], values.new_zeros(1)])
+    """Per-token values of the packed sequences `(S, L)` laid out as the `(B, C)` completions, 0 where none."""
+    flat = torch.cat([values.reshape(-1), values.new_zeros(1)])
     return flat[packed.source]
 
 
 def attention_mask_for(visible: torch.Tensor, attention: str, dtype: torch.dtype) -> torch.Tensor:
-    """The `(1, 1, N, N)` mask as the kernel takes it: SDPA a boolean one (True where visible); eager attention adds it
+    """The `(S, 1, L, L)` mask as the kernel takes it: SDPA a boolean one (True where visible); eager attention adds it
     to its scores, so 0 where visible and the dtype's minimum elsewhere (a masked key gets weight exactly 0)."""
     if attention == "sdpa":
-        return visible[None, None]
+        return visible[:, None]
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
 
 
 def unsupported(model, config) -> str | None:
@@ -178,7 +291,7 @@ class SharedPrefixForward:
     """The trainer's `_get_per_token_logps_and_entropies` with the shared-prefix forward (`SeedGRPOConfig.shared_prefix`).
 
     A mixin before `GRPOTrainer`: every training-side forward TRL makes (the loss, the old and reference log-probs)
-    calls this method, and gets TRL's own path wherever packing does not apply.
+    calls this method, and gets TRL's own path wherever packing does not apply or would cost more.
     """
 
     def _get_per_token_logps_and_entropies(
@@ -193,22 +306,34 @@ class SharedPrefixForward:
         **inputs,
     ):
         why = self._shared_prefix_refusal(model, compute_aux_loss, inputs)
-        if why is None:
-            batch_size = batch_size or input_ids.size(0)
-            chunks = []
-            for start in range(0, input_ids.size(0), batch_size):
-                ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-                packed = pack_rows(ids, mask, logits_to_keep)
-                if isinstance(packed, str) or packed.tokens >= packed.unshared_tokens:
-                    why = packed if isinstance(packed, str) else "no tokens are shared in the micro-batch"
-                    break
-                chunks.append((packed, start))
-            else:
-                return self._shared_forward(model, chunks, compute_entropy)
-        self._warn_unshared(why)
-        return super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **inputs
-        )
+        if why is not None:
+            self._warn_unshared(why)
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **inputs,
+            )  # fmt: skip
+        batch_size = batch_size or input_ids.size(0)
+        cost = forward_cost(self.accelerator.unwrap_model(model).config)
+        logps, entropies, computed, packed_any = [], [], 0, False
+        for start in range(0, input_ids.size(0), batch_size):
+            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+            packed = pack_rows(ids, mask, logits_to_keep, cost=cost, max_tokens=0 if cost is None else None)
+            why = self._packing_refusal(packed, ids, cost)
+            if why is None:
+                chunk_logps, chunk_entropies = self._shared_forward(model, packed, compute_entropy)
+                computed, packed_any = computed + packed.tokens, True
+            else:  # this micro-batch only: the others may still share
+                self._warn_unshared(why)
+                chunk_logps, chunk_entropies, _ = super()._get_per_token_logps_and_entropies(
+                    model, ids, mask, logits_to_keep, None, compute_entropy, compute_aux_loss
+                )
+                computed += ids.numel()
+            logps.append(chunk_logps)
+            entropies.append(chunk_entropies)
+        if packed_any and torch.is_grad_enabled():  # the loss forward: one value per micro-batch, as TRL's metrics
+            metrics = self._metrics["train" if model.training else "eval"]
+            metrics["shared_prefix/token_share"].append(computed / input_ids.numel())
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
     def _shared_prefix_refusal(self, model, compute_aux_loss, inputs) -> str | None:
         if not getattr(self.args, "shared_prefix", False):
@@ -219,27 +344,31 @@ class SharedPrefixForward:
             return "vision or token-type inputs"
         return unsupported(model, self.accelerator.unwrap_model(model).config)
 
-    def _shared_forward(self, model, chunks, compute_entropy):
-        logps, entropies, computed, unshared = [], [], 0, 0
+    @staticmethod
+    def _packing_refusal(packed: PackedRows | str, ids: torch.Tensor, cost: ForwardCost | None) -> str | None:
+        if isinstance(packed, str):
+            return packed
+        if packed.packed_tokens >= packed.unshared_tokens:
+            return "no tokens are shared in the micro-batch"
+        if cost is not None and cost.of(*packed.input_ids.shape) >= cost.of(*ids.shape):
+            return (
+                "the cost estimate from the model's sizes: attention over the packed sequences would cost more than "
+                "the shared tokens save (a small model with many rows a group, or short prompts and long completions)"
+            )
+        return None
+
+    def _shared_forward(self, model, packed: PackedRows, compute_entropy: bool):
         config = self.accelerator.unwrap_model(model).config
         attention, dtype = config._attn_implementation, self.accelerator.unwrap_model(model).dtype
-        for packed, _ in chunks:
-            with self.accelerator.autocast():
-                outputs = model(
-                    input_ids=packed.input_ids,
-                    attention_mask=attention_mask_for(packed.visible, attention, dtype),
-                    position_ids=packed.position_ids,
-                    shift_labels=packed.shift_labels,
-                    fused_lm_head=True,
-                )
-            logps.append(unpack(outputs.log_probs, packed))
-            if compute_entropy:
-                entropies.append(unpack(outputs.entropy, packed))
-            computed, unshared = computed + packed.tokens, unshared + packed.unshared_tokens
-        if torch.is_grad_enabled():  # the loss forward: one value per micro-batch, like TRL's own metrics
-            metrics = self._metrics["train" if model.training else "eval"]
-            metrics["shared_prefix/token_share"].append(computed / unshared)
-        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+        with self.accelerator.autocast():
+            outputs = model(
+                input_ids=packed.input_ids,
+                attention_mask=attention_mask_for(packed.visible, attention, dtype),
+                position_ids=packed.position_ids,
+                shift_labels=packed.shift_labels,
+                fused_lm_head=True,
+            )
+        return unpack(outputs.log_probs, packed), unpack(outputs.entropy, packed) if compute_entropy else None
 
     def _warn_unshared(self, why: str) -> None:
         warned = self.__dict__.setdefault("_shared_prefix_warned", set())
