@@ -21,7 +21,10 @@ def main() -> None:
     first = min(step for step, value in curve.items() if value >= best - 0.03)
     steps = min(max(first + 20, 60), 120)
     for step, value in sorted(curve.items()):
-        print(f"step {step:3d}  held-out pass@1 {value:.3f}" + ("  <- first within 0.03 of the maximum" if step == first else ""))
+        print(
+            f"step {step:3d}  held-out pass@1 {value:.3f}"
+            + ("  <- first within 0.03 of the maximum" if step == first else "")
+        )
     print(f"maximum {best:.3f}; STEPS = min(max({first} + 20, 60), 120) = {steps}")
 
 
