@@ -33,6 +33,11 @@ from ts_trl.tiny import build_tiny_model, build_tokenizer  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
+# The tests that start distributed ranks, or DeepSpeed's one-rank group, run one after another in one xdist worker (the
+# README's `pytest -n 2` with pyproject's `--dist loadgroup`): accelerate's launcher and DeepSpeed take port 29500 unless
+# told otherwise, and two such launches at once would race for it.
+RANKS = pytest.mark.xdist_group("ranks")
+
 
 @pytest.fixture
 def tokenizer():
@@ -42,17 +47,23 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def quick_warm_cache(tmp_path_factory) -> Path:
     """A `TS_TRL_CACHE` holding the warm-up that `ts_trl compare --quick` loads, built once for the session (in this
-    process, as compare builds it) rather than once by each compare test (about 30 s each). How a warm-up is built,
-    cached and reused is tested in tests/embedded/test_embedded.py. `$TS_TRL_CACHE` where set (`.ci/run` fills it)."""
+    process, as compare builds it) rather than once by each compare test (about 30 s each), and once for all the
+    workers of `pytest -n`. How a warm-up is built, cached and reused is tested in tests/embedded/test_embedded.py.
+    `$TS_TRL_CACHE` where set (`.ci/run` fills it)."""
     if os.environ.get("TS_TRL_CACHE"):
         return Path(os.environ["TS_TRL_CACHE"])
+    from filelock import FileLock
+
     from ts_trl.analysis.compare import build_parser
     from ts_trl.analysis.compare_protocol import QUICK, task_of
     from ts_trl.embedded.tasks import build_task_model
 
-    cache = tmp_path_factory.mktemp("quick-warm-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TS_TRL_CACHE", str(cache))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' folders share this run's folder
+        root = root.parent
+    cache = root / "quick-warm-cache"
+    with FileLock(root / "quick-warm-cache.lock"), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TS_TRL_CACHE", str(cache))  # a worker that waited finds the warm-up cached
         args = build_parser().parse_args(["--quick"])
         build_task_model(args.task, task_of(args), warmup_steps=QUICK.warmup_steps)
     return cache

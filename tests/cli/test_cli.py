@@ -22,7 +22,7 @@ import yaml
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import EMBEDDED_TINY, seed_manifest, seed_rows
+from tests.conftest import EMBEDDED_TINY, RANKS, seed_manifest, seed_rows
 from ts_trl.__main__ import main as ts_trl_main
 from ts_trl.analysis.common import load_checkpoint
 from ts_trl.cli.arguments import EMBEDDED_DEFAULTS, make_parser, parse_args
@@ -311,6 +311,7 @@ ZERO3_CPU = {
 }
 
 
+@RANKS
 def test_zero3_on_cpu_trains_writes_seeds_and_resumes(tiny_dir, tmp_path):
     config = tmp_path / "zero3_cpu.yaml"
     config.write_text(yaml.safe_dump(ZERO3_CPU))
@@ -357,6 +358,7 @@ def _first_kl(output_dir) -> float:
     return next(entry["kl"] for entry in history if "kl" in entry)
 
 
+@RANKS
 def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path):
     """No model flag under the CPU ZeRO-3 config: the cached warm-up loads into a model ZeRO-3 then partitions, and its
     KL reference (beta > 0) is the same weights."""
@@ -374,6 +376,7 @@ def test_zero3_on_cpu_runs_the_embedded_default_from_its_cached_warm_up(tmp_path
     assert _first_kl(output_dir) == pytest.approx(0.0, abs=1e-6)
 
 
+@RANKS
 def test_zero3_on_two_cpu_processes_builds_the_warm_up_and_the_kl_reference(tmp_path):
     """A first run on 2 ranks under ZeRO-3, from an empty cache: each rank warms up and caches complete weights, and
     TRL's reference model (beta > 0) is partitioned over both ranks (with use_cpu, DeepSpeed did not see the process
@@ -392,6 +395,7 @@ def test_zero3_on_two_cpu_processes_builds_the_warm_up_and_the_kl_reference(tmp_
     assert (warm / "model.safetensors").is_file()
 
 
+@RANKS
 def test_two_cpu_processes_give_the_embedded_model_its_kl_reference(tmp_path):
     """beta > 0 on 2 ranks: every rank loads the reference of the model it built in memory (only rank 0 wrote it with
     `save_pretrained`, and rank 1 stopped on a folder with no model in it)."""
@@ -440,6 +444,7 @@ def test_lora_on_cpu_saves_an_adapter_and_seeds(tiny_dir, tmp_path, capsys):
     assert "base model was built in memory" in capsys.readouterr().err
 
 
+@RANKS
 def test_two_cpu_processes_agree_on_every_draw(tiny_dir, tmp_path):
     output_dir = tmp_path / "run"
     steps, per_device, processes = 3, 4, 2  # a global batch of 8: two groups of 4, one group per rank

@@ -9,20 +9,20 @@ mismatches on the other one.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.cli.test_cli import ZERO3_CPU
+from tests.conftest import RANKS
 from tests.support import agent_fixtures as af
 from tests.support.agent_launch import RANK_ROWS
+from tests.support.ranks import DDP, run_on_two_ranks
 from tests.trainer.test_agentic import MAX_COMPLETION
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = RANKS  # tests/conftest.py: one launch at a time
+
 
 CASES = [
     pytest.param("tools", "state", "hf", id="tools-state-hf"),
@@ -38,18 +38,12 @@ CASES = [
 
 def launch(output_dir: Path, *options: str, zero3: bool = False) -> list[dict]:
     """Runs tests/support/agent_launch.py on two processes (DDP, or DeepSpeed ZeRO-3 on CPU); returns each rank's report."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("ACCELERATE_USE_CPU", None)
-    config = ROOT / "accelerate_configs" / "multi_gpu.yaml"
+    config, env = DDP, {}
     if zero3:
         config = output_dir.parent / "zero3_cpu.yaml"
         config.write_text(yaml.safe_dump({**ZERO3_CPU, "num_processes": 2}))
-        env.update(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(output_dir.parent / "torch_extensions"))
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    command += ["--num_processes", "2", "--mixed_precision", "no"]
-    command += [str(ROOT / "tests" / "support" / "agent_launch.py"), "--output_dir", str(output_dir), *options]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        env = {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(output_dir.parent / "torch_extensions")}
+    run_on_two_ranks("agent_launch.py", "--output_dir", str(output_dir), *options, config=config, env=env)
     return [json.loads((output_dir / f"rank-{rank}.json").read_text()) for rank in range(2)]
 
 

@@ -8,6 +8,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from tests.conftest import RANKS
+
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")  # the command, as the README runs it
 CPU = ["--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml")]
@@ -62,6 +64,7 @@ def test_the_module_form_refuses_first(tmp_path):
     assert "seed_fraction must lie in [0, 1], got 2.0." in _refusal(result, "ts_trl train")
 
 
+@RANKS
 def test_two_processes_refuse_in_one_line(tmp_path):
     """Two ranks on one machine each find the problem; only local rank 0 prints it."""
     output_dir = _used_folder(tmp_path)

@@ -2,20 +2,17 @@
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import GradientProbe, seed_by_id, seeded_action_batch, tiny_prompts
+from tests.conftest import RANKS, GradientProbe, seed_by_id, seeded_action_batch, tiny_prompts
+from tests.support.ranks import run_on_two_ranks
 from tests.support.two_rank_losses import run as run_two_prompt_modes
 from ts_trl.store.format import write_shard
 from ts_trl.store.schema import Rollout, prompt_id_of, rollouts_to_table, tokenizer_fingerprint
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("state_value", [0.9, 0.1])
@@ -89,22 +86,12 @@ def test_action_mode_runs_no_extra_forward_pass(make_trainer, tmp_path):
     assert counts["action"] == counts["plain"]
 
 
+@RANKS
 def test_two_ranks_with_one_seeded_match_one_rank(tmp_path):
     """Action and replay modes, and target cuts with rescue seeding (research/target-cuts.md) in action and state mode,
     one prompt group per rank and seeds for one prompt only: every step runs the same collectives on both ranks (else
     gloo reports a collective mismatch), the losses equal one rank's, and so do the cuts and the planner's state."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    launch += [str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no"]
-    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [*launch, str(ROOT / "tests" / "support" / "two_rank_losses.py"), str(tmp_path / "two")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_on_two_ranks("two_rank_losses.py", str(tmp_path / "two"), timeout=400)
     two = json.loads((tmp_path / "two" / "losses.json").read_text())
     for mode in ("action", "replay", "target", "target-state"):
         one = run_two_prompt_modes(mode, tmp_path / "one", num_processes=1)

@@ -2,40 +2,25 @@
 row-by-row forward, and an exact resume with it on."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.cli.test_cli import ZERO3_CPU
+from tests.conftest import RANKS
+from tests.support.ranks import DDP, run_on_two_ranks
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = RANKS  # tests/conftest.py: one launch at a time
 
 
 @pytest.mark.parametrize("backend", ["ddp", "zero3"])
 def test_two_processes_train_alike_with_and_without_sharing_and_resume_exactly(tmp_path, backend):
-    if backend == "ddp":
-        accelerate = ["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--mixed_precision", "no"]
-        extra = {}
-    else:
+    config, env = DDP, {}
+    if backend == "zero3":
         config = tmp_path / "zero3_cpu.yaml"
         config.write_text(yaml.safe_dump(ZERO3_CPU))
-        accelerate, extra = ["--config_file", str(config)], {"DS_ACCELERATOR": "cpu"}
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
-    env.pop("ACCELERATE_USE_CPU", None)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", *accelerate, "--num_processes", "2"]
-    result = subprocess.run(
-        [*launch, str(ROOT / "tests" / "support" / "shared_prefix_ranks.py"), str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+        env = {"DS_ACCELERATOR": "cpu"}
+    run_on_two_ranks("shared_prefix_ranks.py", str(tmp_path), config=config, env=env)
     runs = json.loads((tmp_path / "losses.json").read_text())
     on, off, resumed = runs["on"], runs["off"], runs["resumed"]
     assert len(on["loss"]) == 4 and max(on["seeds/seeded_group_share"]) > 0  # steps 3 and 4 draw seeds

@@ -3,6 +3,9 @@
 import yaml
 
 from tests.cli.test_cli import EMBEDDED_SMALL, ZERO3_CPU, _embedded_warm_cache, _launch
+from tests.conftest import RANKS
+
+pytestmark = RANKS  # tests/conftest.py: one launch at a time
 
 
 def test_zero3_on_two_cpu_processes_trains_without_compiling_the_shm_op(tmp_path):

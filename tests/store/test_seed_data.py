@@ -166,6 +166,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_on_resume(run, make_traine
 
 
 @pytest.mark.slow  # two 2-rank launches, about a minute each on 2 loaded cores
+@c.RANKS
 def test_two_ranks_resume_alike_from_a_damaged_bank_file(tiny_dir, tmp_path):  # noqa: F811
     """The main process checks the checksums and every rank reads the copy it found whole: no rank maps the torn file."""
     output_dir = tmp_path / "run"

@@ -19,14 +19,12 @@ and broadcast themselves, sleep mode and tensor-parallel colocate.
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import TARGET_CUTS, TINY_SETTINGS, assert_target_cuts, seed_rows
+from tests.conftest import RANKS, TARGET_CUTS, TINY_SETTINGS, assert_target_cuts, seed_rows
+from tests.support.ranks import run_on_two_ranks
 from tests.support.vllm_server import (
     FakeLLM,
     FakeWeightReceiver,
@@ -35,8 +33,6 @@ from tests.support.vllm_server import (
     rule_logprob,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-MULTI_GPU_CONFIG = ROOT / "accelerate_configs" / "multi_gpu.yaml"  # two ranks with --num_processes 2 (gloo on CPU)
 MAX_COMPLETION_LENGTH = TINY_SETTINGS["max_completion_length"]
 # The engine's context: the longest tiny prompt ("Q: 7+8=", 7 tokens) plus the budget, and nothing more. A seeded
 # request that still asked for the whole budget after its prefix would not fit.
@@ -150,19 +146,14 @@ def _check_server(server, tokenizer, output_dir, steps, settings) -> list[dict]:
 
 
 # A fake server: two ranks on CPU, with the NCCL weight transfer replaced as above.
+@RANKS
 def test_server_mode_on_two_ranks_budgets_every_ranks_rows(vllm_server, tokenizer, tmp_path):
     """The main process sends the prompts of both ranks; each must carry the budget of its own rank's cut, also at
     steps where the main process itself has nothing seeded."""
     output_dir = tmp_path / "run"
     settings = {"seed_fraction": 0.5, "prefix_mode": "state"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(MULTI_GPU_CONFIG)]
-    command += ["--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "support" / "vllm_launch.py")]
-    command += ["--endpoint", vllm_server.endpoint, "--output_dir", str(output_dir)]
-    command += [f"--{key}={value}" for key, value in settings.items()]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("ACCELERATE_USE_CPU", None)
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    options = [f"--{key}={value}" for key, value in settings.items()]
+    run_on_two_ranks("vllm_launch.py", "--endpoint", vllm_server.endpoint, "--output_dir", str(output_dir), *options)
     rows = _check_server(vllm_server, tokenizer, output_dir, TINY_SETTINGS["max_steps"], settings)
     # Some step seeded rank 1's group but not rank 0's (rows 0-3 are rank 0's, 4-7 rank 1's).
     by_step = {}
