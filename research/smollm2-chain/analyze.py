@@ -17,6 +17,11 @@ total is its logged mean times the steps it covers (`step` minus the previous lo
 16 rows of a step. For the seeded arm both counts are printed side by side (they must agree: its
 `completions/mean_length` is also taken over what was generated). Wall time is TRL's `step_time` (a training step,
 generation included; the held-out evaluations are not in it).
+
+A run cut off by a session's end resumes from its last checkpoint (the protocol's section on sessions), and
+`metrics.jsonl` is appended to, so it also holds the steps the cut-off run logged after that checkpoint. Those steps
+were abandoned and done again: every count here follows the timeline that reached the end (`logged`). This rule was
+added after seed 0 and before any run was resumed or any outcome read; a run that was never resumed reads the same.
 """
 
 from __future__ import annotations
@@ -41,9 +46,25 @@ HERE = Path(__file__).resolve().parent
 ARMS = ("none", *SEEDED)
 
 
+def logged(folder: Path) -> list[dict]:
+    """The run's logged dicts along the timeline that reached its end: where a training step's log goes back to or
+    before one already logged (a resume from a checkpoint), what the cut-off run had logged from that step on is
+    dropped. (An evaluation logs at the step of the training log before it, so only training logs are compared.)"""
+    kept: list[dict] = []
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        h = json.loads(line)
+        trained = [k["step"] for k in kept if "step_time" in k]
+        if "step_time" in h and trained and h["step"] <= trained[-1]:
+            kept = [k for k in kept if k["step"] < h["step"]]
+        kept.append(h)
+    return kept
+
+
 def load_run(folder: Path) -> dict:
     """A run's evaluation grid: steps, held-out pass@1, and cumulative generated tokens and seconds at each step."""
-    logs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    logs = logged(folder)
     training = sorted((h for h in logs if "step_time" in h), key=lambda h: h["step"])
     steps, tokens, seconds, by_length = [0], [0.0], [0.0], 0.0
     for h in training:
@@ -151,7 +172,7 @@ def moonshot(runs: dict, arm: str) -> list[dict]:
 def within_run(folder: Path) -> dict:
     """The mechanism (descriptive): a seeded run's seeded and plain groups side by side, as means over its logging
     windows that had such groups."""
-    logs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    logs = logged(folder)
 
     def mean(key: str) -> float:
         values = [h[key] for h in logs if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
