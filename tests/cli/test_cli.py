@@ -334,6 +334,18 @@ def test_zero3_on_cpu_trains_writes_seeds_and_resumes(tiny_dir, tmp_path):
     assert list((output_dir / "seeds" / "superseded").glob("*/step-000002.parquet"))  # the abandoned step-2 shard
 
 
+@RANKS
+def test_zero3_on_two_cpu_processes_joins_them_without_a_recipe(tiny_dir, tmp_path):
+    """Without a GPU, accelerate starts a process group for DeepSpeed only when the training arguments say `use_cpu`
+    (it asks the GPU backend otherwise, finds none, and each rank would train alone, world size 1). The CLI sets it, as
+    it does for every CPU run; the embedded recipe's `use_cpu: true` is not needed."""
+    config = tmp_path / "zero3_cpu.yaml"
+    config.write_text(yaml.safe_dump({**ZERO3_CPU, "num_processes": 2}))
+    train = [*_data_args(tiny_dir, tmp_path / "run"), *SMALL, "--max_steps", "1", "--per_device_train_batch_size", "4"]
+    result = _launch(tmp_path, ["--config_file", str(config)], train, timeout=600, DS_ACCELERATOR="cpu")
+    assert "Training on 2 process(es), DeepSpeed: True" in result.stdout
+
+
 EMBEDDED_SMALL = [*EMBEDDED_TINY, "--seed_fraction", "1.0", "--disable_tqdm", "true"]
 
 

@@ -17,7 +17,6 @@ from ..embedded.tasks import DEFAULT_TASK, TASKS, recipe_values, task_spec
 from ..flags import DefaultsHelpFormatter
 from ..rewards import REWARD_NAMES, reward_problems
 from ..smollm2 import SMOLLM2_NAME
-from ..trainer.collectives import is_deepspeed
 from ..trainer.seed_grpo_config import SeedGRPOConfig
 from .environment import check_output_dir, cpu_only, skip_deepspeed_shm_build
 from .refusals import (  # noqa: F401 (resolve_recipe: re-exported)
@@ -171,9 +170,10 @@ def parse_args(parser: TrlParser, argv: list[str] | None = None):
     skip_deepspeed_shm_build()
     if cpu_only():
         # No GPU, or `use_cpu: true` in the accelerate config (cpu.yaml): train on CPU in float32 rather than fail on
-        # GRPOConfig's bf16 default (bf16 autocast on CPU is slow and perturbs the sampling log-probs). DeepSpeed
-        # picks its CPU accelerator by itself (DS_ACCELERATOR=cpu).
-        parser.set_defaults_with_config(bf16=False, **({} if is_deepspeed() else {"use_cpu": True}))
+        # GRPOConfig's bf16 default (bf16 autocast on CPU is slow and perturbs the sampling log-probs). `use_cpu` is
+        # also what makes accelerate join several CPU processes (over gloo), DeepSpeed's included: without it, it
+        # looks for a GPU backend and each rank trains alone. DeepSpeed picks its CPU accelerator (DS_ACCELERATOR=cpu).
+        parser.set_defaults_with_config(bf16=False, use_cpu=True)
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
     except ValueError as error:  # the dataclasses' own checks: SeedGRPOConfig's seeding rules, TRL's, transformers'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 
 import numpy as np
@@ -10,6 +11,20 @@ import numpy as np
 from ..method.cutting import max_cut
 
 PROMPTS_CHECKED = 2000  # prompts of a dataset measured against the budget at construction
+
+
+def check_processes_joined(args) -> None:
+    """The launcher started several processes, but the training arguments see a world of one: on a machine without
+    a GPU, accelerate joins processes (over gloo) only when `use_cpu` is set; otherwise it looks for a GPU backend,
+    finds none and starts no process group, and each rank would train alone (DeepSpeed then refuses the batch size,
+    and the ranks contend for one output_dir)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and args.world_size == 1:
+        raise ValueError(
+            f"{launched} processes were launched (WORLD_SIZE={launched}), but this one trains alone (world size 1): "
+            f"accelerate found no GPU to join them over. On CPU, set use_cpu=True in the config (--use_cpu), which "
+            "joins them over gloo; under DeepSpeed, with DS_ACCELERATOR=cpu."
+        )
 
 
 def check_seedable_rollouts(seed_method: str, trainer_kwargs: dict) -> None:

@@ -58,7 +58,7 @@ from ..store.seed_store import SeedSnapshotCallback, SeedStore, StoreSettings
 from ..tiny import save_base_for_adapter
 from .agentic import ToolLoopSeeds, tool_call_markup_ids
 from .backends import SeededBackend, colocated_engine_kwargs
-from .checks import check_seeds_cuttable, check_success_reward, check_trainer_inputs
+from .checks import check_processes_joined, check_seeds_cuttable, check_success_reward, check_trainer_inputs
 from .collectives import pause_backend_threads_at_exit, share_process_group_with_deepspeed
 from .model_repo import ModelRepo
 from .notices import trl_notices_hidden
@@ -107,6 +107,7 @@ class SeedGRPOTrainer(SharedPrefixForward, ModelRepo, GRPOTrainer):
             args = default_config(model)
         if not isinstance(args, SeedGRPOConfig):
             raise TypeError(f"SeedGRPOTrainer needs a SeedGRPOConfig, got {type(args).__name__}.")
+        check_processes_joined(args)  # before the run lock: ranks that trained alone would contend for it
         share_process_group_with_deepspeed()
         # An adapter of a model built in memory must name a base that can be loaded: it is saved in output_dir.
         save_base_for_adapter(model, kwargs.get("processing_class"), args.output_dir, kwargs.get("peft_config"))
