@@ -13,16 +13,16 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 FP32 = dict(bf16=False)  # GRPOConfig's bf16 default runs the forward under CPU bf16 autocast
 
 
-def _batch(vocab: int, seed: int = 0):
-    """Two groups of four rows: group 0 shares 3 completion tokens (a seed prefix), group 1 two, under a left-padded
-    prompt; two rows end early (right padding)."""
+def _batch(vocab: int, seed: int = 0, prefix: int = 3):
+    """Two groups of four rows: group 0 shares `prefix` completion tokens (a seed prefix), group 1 two, under a
+    left-padded prompt; two rows end early (right padding)."""
     g = torch.Generator().manual_seed(seed)
     B, P, C = 8, 6, 10
     prompt = torch.randint(3, vocab, (2, P), generator=g).repeat_interleave(4, 0)
     prompt_mask = torch.ones(B, P, dtype=torch.long)
     prompt_mask[4:, :2] = 0
     completion = torch.randint(3, vocab, (B, C), generator=g)
-    completion[:4, :3] = completion[0, :3]
+    completion[:4, :prefix] = completion[0, :prefix]
     completion[4:, :2] = completion[4, :2]
     completion_mask = torch.ones(B, C, dtype=torch.long)
     completion_mask[1, 7:] = 0
@@ -41,6 +41,7 @@ def test_pack_rows_computes_each_group_prefix_once(max_tokens):
     lengths = [9 + sum(own[:4]), 6 + sum(own[4:])]
     assert packed.packed_tokens == sum(lengths)
     assert packed.input_ids.shape == ((1, sum(lengths)) if max_tokens is None else (2, max(lengths)))
+    assert packed.calls == ([(0, 1, sum(lengths))] if max_tokens is None else [(0, 2, max(lengths))])  # 36 of 38
     assert packed.unshared_tokens == 8 * 16
     flat = lambda values: values.reshape(-1)  # noqa: E731 (`source` indexes the sequences laid end to end)
     input_ids, positions, labels = flat(packed.input_ids), flat(packed.position_ids), flat(packed.shift_labels)
@@ -102,6 +103,40 @@ def test_the_cost_estimate_packs_group_by_group_where_one_sequence_would_cost_mo
     assert pack_rows(ids, mask, C, max_tokens=0).input_ids.shape[0] == 32
 
 
+def _long_prompt_batch(seeded: int):
+    """The long-prefix setting of docs/performance.md: 2 groups of 8 rows, 200-token prompts, 128-token completions;
+    the first `seeded` groups' rows share a 64-token prefix."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 40000, (16, 328), generator=g)
+    for group in range(2):
+        rows = slice(8 * group, 8 * group + 8)
+        ids[rows, :200] = ids[8 * group, :200]
+        if group < seeded:
+            ids[rows, 200:264] = ids[8 * group, 200:264]
+    return ids, torch.ones_like(ids), 128
+
+
+def test_a_much_shorter_sequence_runs_in_a_call_of_its_own():
+    """SmolLM2-135M's sizes: beside a plain group (1232 packed tokens) a seeded one (784) would be padded to 1232, or
+    share one sequence of 2016 with it (attention over every pair); in a call of its own it costs neither. Without
+    `split_calls` (a distributed model under gradient) the cost estimate picks the one sequence."""
+    from transformers import LlamaConfig
+
+    sizes = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
+    cost = forward_cost(LlamaConfig(intermediate_size=1536, **sizes))
+    ids, mask, C = _long_prompt_batch(seeded=1)
+    split = pack_rows(ids, mask, C, cost=cost)
+    assert split.calls == [(0, 1, 1232), (1, 2, 784)] and split.input_ids.shape == (2, 1232)
+    assert split.tokens == split.packed_tokens == 2016
+    joined = pack_rows(ids, mask, C, cost=cost, split_calls=False)
+    assert joined.calls == [(0, 1, 2016)]
+    assert cost.of_calls(split.calls) < 0.85 * cost.of_calls(joined.calls)
+    assert cost.of_calls(joined.calls) < cost.of(2, 1232)  # the padded pair, the other way to make one call
+    # sequences of nearly one length share a call: neither seeded, or both
+    for seeded, length in ((0, 1232), (2, 784)):
+        assert pack_rows(*_long_prompt_batch(seeded), cost=cost).calls == [(0, 2, length)]
+
+
 def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
     ids, mask, C = _batch(50)
     right_padded_prompt = mask.clone()
@@ -112,18 +147,19 @@ def test_pack_rows_refuses_layouts_it_cannot_share_exactly():
     assert "after a masked one" in pack_rows(ids, gap, C)
 
 
-@pytest.mark.parametrize("layout", ["by cost", "one sequence"])
+@pytest.mark.parametrize("layout", ["by cost", "one sequence", "two calls"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, monkeypatch, attention, layout):
-    """The trainer's layout for this batch is one sequence a group (two, the shorter padded); with attention priced
-    at nothing, one sequence for both."""
+    """The trainer's layout for this batch is one sequence a group (two of 38 and 36 tokens, the shorter padded, in one
+    call); with attention priced at nothing, one sequence for both; where group 0 shares 7 of its 10 completion
+    tokens, its sequence (26 tokens) runs in a call of its own beside the other (36)."""
     if layout == "one sequence":
         monkeypatch.setattr("ts_trl.trainer.shared_prefix.forward_cost", lambda config: ForwardCost(1.0, 0.0))
     trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
     model = trainer.model
     model.set_attn_implementation(attention)
     model.train()
-    ids, mask, C = _batch(model.config.vocab_size)
+    ids, mask, C = _batch(model.config.vocab_size, prefix=8 if layout == "two calls" else 3)
     weights = torch.randn(ids.shape[0], C, generator=torch.Generator().manual_seed(1))
     results = {}
     for shared in (True, False):
@@ -138,8 +174,29 @@ def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, m
     torch.testing.assert_close(shared_entropies, entropies, **TOL)
     for name, grad in grads.items():
         torch.testing.assert_close(shared_grads[name], grad, **TOL, msg=name)
-    # 74 tokens packed: in one sequence, or in two of 38 (group lengths 38 and 36); 8 rows of 16 padded
-    assert logged_share(trainer) == (74 if layout == "one sequence" else 76) / 128
+    computed = {"one sequence": 74, "by cost": 2 * 38, "two calls": 36 + 26}[layout]  # 8 rows of 16 padded
+    assert logged_share(trainer) == computed / 128
+    if layout == "two calls":
+        assert pack_rows(ids, mask, C, cost=forward_cost(model.config)).calls == [(0, 1, 36), (1, 2, 26)]
+
+
+def test_a_distributed_model_is_called_once_a_micro_batch_under_gradient(make_trainer, monkeypatch):
+    """DDP's and DeepSpeed's gradient hooks expect one forward a backward; without gradient (old and reference
+    log-probs) the calls may split."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
+    model = trainer.model
+    ids, mask, C = _batch(model.config.vocab_size, prefix=8)  # two calls on one process (the test above)
+    calls = []
+    model.register_forward_hook(lambda module, args, output: calls.append(1))
+    monkeypatch.setattr(Accelerator, "distributed_type", property(lambda self: DistributedType.MULTI_CPU))
+    with torch.no_grad():
+        trainer._get_per_token_logps_and_entropies(model, ids, mask, C)
+    assert len(calls) == 2
+    trainer._get_per_token_logps_and_entropies(model, ids, mask, C)
+    assert len(calls) == 3
 
 
 def logged_share(trainer) -> float:

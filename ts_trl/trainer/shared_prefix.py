@@ -23,13 +23,16 @@ log-prob 0 and entropy 0, as here.
 A packed sequence's attention runs over every pair of its tokens, most of them masked, so one sequence for a whole
 micro-batch costs the square of all its tokens. A group therefore stays in one sequence and groups share one only as
 far as a cost estimate from the model's sizes (`forward_cost`: dense FLOPs a token, attention FLOPs a pair) finds it
-cheapest; the sequences run as one batch, padded to the longest. Where even that costs more than the padded rows (a
-small model with large groups, or short prompts before long completions), that micro-batch takes TRL's path.
+cheapest. Sequences of about the same length run as one batch, padded to the longest; one much shorter (a seeded
+group's beside a plain one's: its rows continue from a shared prefix) runs in a call of its own instead of as padding
+(`_calls`). Where even that costs more than the padded rows (a small model with large groups, or short prompts before
+long completions), that micro-batch takes TRL's path.
 
 The forward goes through TRL's fused LM head (`model(..., shift_labels=, fused_lm_head=True)`), with a 4D additive
-mask and explicit position ids, in one call of the (possibly DDP / DeepSpeed-wrapped) model. Where packing cannot be
-exact (vision inputs, MoE aux loss, attention kernels that ignore a 4D mask, sliding windows, rows padded otherwise than
-TRL pads them), saves nothing or costs more, TRL's own forward runs, with one warning per reason.
+mask and explicit position ids. A distributed model (DDP, DeepSpeed) is called once a micro-batch under gradient, as
+TRL calls it: its gradient hooks expect one forward a backward (reentrant checkpointing would fire them twice). Where
+packing cannot be exact (vision inputs, MoE aux loss, attention kernels that ignore a 4D mask, sliding windows, rows
+padded otherwise than TRL pads them), saves nothing or costs more, TRL's own forward runs, with one warning per reason.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import DistributedType
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,26 @@ class ForwardCost:
     def of(self, sequences: int, length: int) -> float:
         """`sequences` sequences of `length` tokens (padding counted: it is computed too)."""
         return sequences * length * (self.per_token + length * self.per_pair)
+
+    def of_calls(self, calls: list[tuple[int, int, int]]) -> float:
+        """Model calls `(first sequence, end, length)`, as `PackedRows.calls`."""
+        return sum(self.of(end - first, length) for first, end, length in calls)
+
+
+CALL_FILL = 0.75  # a sequence shorter than this share of its call's longest runs in a call of its own
+
+
+def _calls(lengths: list[int], split: bool) -> list[tuple[int, int, int]]:
+    """Sequences of `lengths` (longest first) as model calls `(first sequence, end, length)`: consecutive ones share a
+    call, padded to its first, until one is shorter than `CALL_FILL` of it (padding it would waste over a quarter of
+    its tokens and almost half its attention square). A call costs a little besides its FLOPs, so sequences of nearly
+    one length stay together. `split` False: all in one call."""
+    calls, first = [], 0
+    for s in range(1, len(lengths) + 1):
+        if s == len(lengths) or (split and lengths[s] < CALL_FILL * lengths[first]):
+            calls.append((first, s, lengths[first]))
+            first = s
+    return calls
 
 
 def forward_cost(config) -> ForwardCost | None:
@@ -76,8 +100,8 @@ def forward_cost(config) -> ForwardCost | None:
 
 @dataclass
 class PackedRows:
-    """A micro-batch packed for the shared forward (`pack_rows`): `S` packed sequences of `L` tokens (the shorter ones
-    padded at the end), `B` rows, `C` completion columns."""
+    """A micro-batch packed for the shared forward (`pack_rows`): `S` packed sequences of `L` tokens (longest first,
+    the shorter ones padded at the end), `B` rows, `C` completion columns; the model sees them in `calls`."""
 
     input_ids: torch.Tensor  # (S, L)
     position_ids: torch.Tensor  # (S, L): each token's column in its padded row
@@ -87,11 +111,12 @@ class PackedRows:
     # S * L where none
     packed_tokens: int  # the tokens packed, padding not counted
     unshared_tokens: int  # what TRL's path computes: B x padded width
+    calls: list[tuple[int, int, int]]  # (first sequence, end, length): sequences [first, end) cut to `length` tokens
 
     @property
     def tokens(self) -> int:
         """The tokens the packed forward computes, padding counted."""
-        return self.input_ids.numel()
+        return sum((end - first) * length for first, end, length in self.calls)
 
 
 @dataclass
@@ -153,9 +178,10 @@ def _pack_group(ids: list, mask: list, rows: list[int], P: int) -> _Group:
     return group
 
 
-def _bins(lengths: list[int], max_tokens: int | None, cost: ForwardCost | None) -> list[list[int]]:
+def _bins(lengths: list[int], max_tokens: int | None, cost: ForwardCost | None, split: bool) -> list[list[int]]:
     """Groups (by their packed lengths) placed in sequences, first fit by decreasing length: up to `max_tokens` each
-    (a longer group alone), or, given a cost model, under the budget whose sequences cost least, or all in one."""
+    (a longer group alone), or, given a cost model, under the budget whose sequences cost least in their model calls
+    (`_calls`), or all in one."""
     total = sum(lengths)
     if max_tokens is None and cost is None:
         return [list(range(len(lengths)))]
@@ -180,7 +206,12 @@ def _bins(lengths: list[int], max_tokens: int | None, cost: ForwardCost | None) 
         budgets.add(budget)
         budget *= 2
     layouts = [first_fit(b) for b in sorted(budgets)]
-    return min(layouts, key=lambda bins: cost.of(len(bins), max(sum(lengths[g] for g in b) for b in bins)))
+
+    def layout_cost(bins: list[list[int]]) -> float:
+        loads = sorted((sum(lengths[g] for g in b) for b in bins), reverse=True)
+        return cost.of_calls(_calls(loads, split))
+
+    return min(layouts, key=layout_cost)
 
 
 def pack_rows(
@@ -189,13 +220,15 @@ def pack_rows(
     logits_to_keep: int,
     cost: ForwardCost | None = None,
     max_tokens: int | None = None,
+    split_calls: bool = True,
 ) -> PackedRows | str:
     """Packs `B` padded rows `[prompt | completion]` (the last `logits_to_keep` columns are the completion) into
     sequences with a block mask, or returns why they cannot be packed exactly.
 
     Rows are grouped by identical prompt ids and mask; a group's shared part is its prompt plus the longest common
     start of its completions (ids and mask). A group stays in one sequence; groups share a sequence up to
-    `max_tokens` packed tokens (0: one sequence a group), or as `cost` estimates cheapest, or all in one. Needs TRL's
+    `max_tokens` packed tokens (0: one sequence a group), or as `cost` estimates cheapest, or all in one. The sequences
+    run in one model call, or with `split_calls` a much shorter one in a call of its own (`_calls`). Needs TRL's
     layout: prompts left-padded (the last prompt column real) and completions right-padded (no real token after a
     masked one).
     """
@@ -210,14 +243,19 @@ def pack_rows(
     for row in range(B):
         by_prompt.setdefault((tuple(ids[row][:P]), tuple(mask[row][:P])), []).append(row)
     groups = [_pack_group(ids, mask, rows, P) for rows in by_prompt.values()]
-    bins = _bins([len(g.tokens) for g in groups], max_tokens, cost)
-    return _lay_out(groups, bins, input_ids, logits_to_keep)
+    bins = _bins([len(g.tokens) for g in groups], max_tokens, cost, split_calls)
+    return _lay_out(groups, bins, input_ids, logits_to_keep, split_calls)
 
 
-def _lay_out(groups: list[_Group], bins: list[list[int]], input_ids: torch.Tensor, logits_to_keep: int) -> PackedRows:
-    """The packed groups placed in their sequences (`bins`), padded at the end to the longest, with the block mask."""
+def _lay_out(
+    groups: list[_Group], bins: list[list[int]], input_ids: torch.Tensor, logits_to_keep: int, split_calls: bool
+) -> PackedRows:
+    """The packed groups placed in their sequences (`bins`), longest first, padded at the end to the longest, with
+    the block mask."""
     B, width = input_ids.shape
-    S, L = len(bins), max(sum(len(groups[g].tokens) for g in b) for b in bins)
+    load = lambda b: sum(len(groups[g].tokens) for g in b)  # noqa: E731
+    bins = sorted(bins, key=load, reverse=True)
+    S, L = len(bins), load(bins[0])
     grid = lambda fill: [[fill] * L for _ in range(S)]  # noqa: E731
     tokens, positions, labels, group_of, own, copy = grid(0), grid(0), grid(-100), grid(-1), grid(-1), grid(False)
     source = [[S * L] * logits_to_keep for _ in range(B)]
@@ -252,11 +290,16 @@ def _lay_out(groups: list[_Group], bins: list[list[int]], input_ids: torch.Tenso
         source=as_tensor(source),
         packed_tokens=sum(len(g.tokens) for g in groups),
         unshared_tokens=B * width,
+        calls=_calls([load(b) for b in bins], split_calls),
     )
 
 
-def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
-    """Per-token values of the packed sequences `(S, L)` laid out as the `(B, C)` completions, 0 where none."""
+def unpack(values: torch.Tensor | list[torch.Tensor], packed: PackedRows) -> torch.Tensor:
+    """Per-token values of the packed sequences `(S, L)`, or of each call `(sequences, length)`, laid out as the
+    `(B, C)` completions, 0 where none."""
+    if isinstance(values, list):  # the calls' outputs, each padded back to `L` (`source` indexes the full layout)
+        L = packed.input_ids.shape[1]
+        values = torch.cat([torch.nn.functional.pad(v, (0, L - v.shape[1])) for v in values])
     flat = torch.cat([values.reshape(-1), values.new_zeros(1)])
     return flat[packed.source]
 
@@ -314,10 +357,14 @@ class SharedPrefixForward:
             )  # fmt: skip
         batch_size = batch_size or input_ids.size(0)
         cost = forward_cost(self.accelerator.unwrap_model(model).config)
+        # a distributed model's gradient hooks expect one forward a backward (module docstring)
+        split = not torch.is_grad_enabled() or self.accelerator.distributed_type == DistributedType.NO
         logps, entropies, computed, packed_any = [], [], 0, False
         for start in range(0, input_ids.size(0), batch_size):
             ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-            packed = pack_rows(ids, mask, logits_to_keep, cost=cost, max_tokens=0 if cost is None else None)
+            packed = pack_rows(
+                ids, mask, logits_to_keep, cost=cost, max_tokens=0 if cost is None else None, split_calls=split
+            )
             why = self._packing_refusal(packed, ids, cost)
             if why is None:
                 chunk_logps, chunk_entropies = self._shared_forward(model, packed, compute_entropy)
@@ -350,7 +397,7 @@ class SharedPrefixForward:
             return packed
         if packed.packed_tokens >= packed.unshared_tokens:
             return "no tokens are shared in the micro-batch"
-        if cost is not None and cost.of(*packed.input_ids.shape) >= cost.of(*ids.shape):
+        if cost is not None and cost.of_calls(packed.calls) >= cost.of(*ids.shape):
             return (
                 "the cost estimate from the model's sizes: attention over the packed sequences would cost more than "
                 "the shared tokens save (a small model with many rows a group, or short prompts and long completions)"
@@ -360,15 +407,19 @@ class SharedPrefixForward:
     def _shared_forward(self, model, packed: PackedRows, compute_entropy: bool):
         config = self.accelerator.unwrap_model(model).config
         attention, dtype = config._attn_implementation, self.accelerator.unwrap_model(model).dtype
-        with self.accelerator.autocast():
-            outputs = model(
-                input_ids=packed.input_ids,
-                attention_mask=attention_mask_for(packed.visible, attention, dtype),
-                position_ids=packed.position_ids,
-                shift_labels=packed.shift_labels,
-                fused_lm_head=True,
-            )
-        return unpack(outputs.log_probs, packed), unpack(outputs.entropy, packed) if compute_entropy else None
+        logps, entropies = [], []
+        for first, end, length in packed.calls:
+            with self.accelerator.autocast():
+                outputs = model(
+                    input_ids=packed.input_ids[first:end, :length],
+                    attention_mask=attention_mask_for(packed.visible[first:end, :length, :length], attention, dtype),
+                    position_ids=packed.position_ids[first:end, :length],
+                    shift_labels=packed.shift_labels[first:end, :length],
+                    fused_lm_head=True,
+                )
+            logps.append(outputs.log_probs)
+            entropies.append(outputs.entropy)
+        return unpack(logps, packed), unpack(entropies, packed) if compute_entropy else None
 
     def _warn_unshared(self, why: str) -> None:
         warned = self.__dict__.setdefault("_shared_prefix_warned", set())
