@@ -19,6 +19,8 @@ from pathlib import Path
 
 
 def run(output_dir: Path, shared: bool, resume: Path | None = None) -> dict:
+    import torch
+
     from ts_trl import SeedGRPOConfig, SeedGRPOTrainer
     from ts_trl.tiny import build_tiny_model, build_tokenizer
 
@@ -53,10 +55,19 @@ def run(output_dir: Path, shared: bool, resume: Path | None = None) -> dict:
         train_dataset=concatenate_datasets([tiny_prompts(4)] * 4),
         processing_class=tokenizer,
     )
+    calls = []  # the model calls of each packed forward under gradient (the loss's)
+    shared_forward = trainer._shared_forward
+
+    def counted(model, packed, compute_entropy):
+        if torch.is_grad_enabled():
+            calls.append(len(packed.calls))
+        return shared_forward(model, packed, compute_entropy)
+
+    trainer._shared_forward = counted
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     history = trainer.state.log_history
     keys = ("loss", "grad_norm", "shared_prefix/token_share", "seeds/seeded_group_share")
-    return {key: [h[key] for h in history if key in h] for key in keys}
+    return {"calls": calls} | {key: [h[key] for h in history if key in h] for key in keys}
 
 
 if __name__ == "__main__":
