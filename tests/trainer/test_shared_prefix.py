@@ -119,7 +119,7 @@ def _long_prompt_batch(seeded: int):
 def test_a_much_shorter_sequence_runs_in_a_call_of_its_own():
     """SmolLM2-135M's sizes: beside a plain group (1232 packed tokens) a seeded one (784) would be padded to 1232, or
     share one sequence of 2016 with it (attention over every pair); in a call of its own it costs neither. Without
-    `split_calls` (DeepSpeed under gradient, say) the cost estimate picks the one sequence."""
+    `split_calls` (a distributed model under gradient) the cost estimate picks the one sequence."""
     from transformers import LlamaConfig
 
     sizes = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
@@ -181,12 +181,15 @@ def test_one_forward_gives_trl_log_probs_entropies_and_gradients(make_trainer, m
 
 
 @pytest.mark.parametrize("checkpointing", ["off", "non-reentrant", "reentrant"])
-def test_under_ddp_the_calls_split_unless_checkpointing_is_reentrant(make_trainer, tmp_path, checkpointing):
-    """DDP's gradient hooks fire once a backward however often the model is called before it, but reentrant
-    checkpointing runs a backward per call and layer, so there the micro-batch takes one call. Either way the gradients
-    are TRL's. A one-process gloo group; DDP looks for unused parameters (as transformers sets it up for a PEFT
-    model), except with reentrant checkpointing, which cannot run with that."""
+def test_a_ddp_model_is_called_once_a_micro_batch_under_gradient(make_trainer, tmp_path, monkeypatch, checkpointing):
+    """Each rank lays out its own micro-batch and DDP's forward broadcasts the module's buffers, so with gradient the
+    packed sequences run in one call, as TRL's rows do, whatever the checkpointing; without gradient (the old and
+    reference log-probs) they may split. The gradients are TRL's. A one-process gloo group; DDP looks for unused
+    parameters (as transformers sets it up for a PEFT model), except with reentrant checkpointing, which cannot run
+    with that."""
     import torch.distributed as dist
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
     from torch.nn.parallel import DistributedDataParallel
 
     trainer = make_trainer(max_steps=1, seed_fraction=0.0, **FP32)
@@ -196,21 +199,21 @@ def test_under_ddp_the_calls_split_unless_checkpointing_is_reentrant(make_traine
     model.train()
     ids, mask, C = _batch(model.config.vocab_size, prefix=8)  # two calls on one process (the test above)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    monkeypatch.setattr(Accelerator, "distributed_type", property(lambda self: DistributedType.MULTI_CPU))
     try:
         ddp = DistributedDataParallel(model, find_unused_parameters=checkpointing != "reentrant")
         calls, grads = [], {}
         model.register_forward_hook(lambda module, args, output: calls.append(1))
         with torch.no_grad():
             trainer._get_per_token_logps_and_entropies(ddp, ids, mask, C)
-        assert len(calls) == 2  # no gradient hooks to mind
+        assert len(calls) == 2
         for shared in (True, False):
             trainer.args.shared_prefix, calls[:] = shared, []
             model.zero_grad()
             logps, _, _ = trainer._get_per_token_logps_and_entropies(ddp, ids, mask, C)
             logps.sum().backward()
             grads[shared] = {name: p.grad.clone() for name, p in model.named_parameters()}
-            if shared:
-                assert len(calls) == (1 if checkpointing == "reentrant" else 2)
+            assert len(calls) == 1
     finally:
         dist.destroy_process_group()
     for name, grad in grads[False].items():

@@ -29,12 +29,12 @@ group's beside a plain one's: its rows continue from a shared prefix) runs in a 
 long completions), that micro-batch takes TRL's path.
 
 The forward goes through TRL's fused LM head (`model(..., shift_labels=, fused_lm_head=True)`), with a 4D additive
-mask and explicit position ids. Under gradient, a model wrapped for several processes takes several calls only where
-each parameter's gradient hook still fires once a backward (`_calls_may_split`): DDP without reentrant checkpointing
-(which runs a backward per call and checkpointed layer), without a static graph and without routed experts; DeepSpeed
-and FSDP models are called once a micro-batch, as TRL calls them. Where packing cannot be exact (vision inputs, MoE aux
-loss, attention kernels that ignore a 4D mask, sliding windows, rows padded otherwise than TRL pads them), saves
-nothing or costs more, TRL's own forward runs, with one warning per reason.
+mask and explicit position ids. A distributed model (DDP, DeepSpeed) is called once a micro-batch under gradient, as
+TRL calls it: each rank lays out its own micro-batch, and DDP's forward is a collective (it broadcasts the module's
+buffers), so ranks that split differently would wait on each other; reentrant checkpointing would also fire DDP's
+gradient hooks again a call. Where
+packing cannot be exact (vision inputs, MoE aux loss, attention kernels that ignore a 4D mask, sliding windows, rows
+padded otherwise than TRL pads them), saves nothing or costs more, TRL's own forward runs, with one warning per reason.
 """
 
 from __future__ import annotations
@@ -332,21 +332,6 @@ def unsupported(model, config) -> str | None:
     return None
 
 
-def _checkpoints_reentrant(model: torch.nn.Module) -> bool:
-    """Whether a layer of `model` checkpoints reentrantly (transformers' layers keep their checkpointing function; a
-    function that does not say `use_reentrant=False` counts as reentrant, torch's default)."""
-    for module in model.modules():
-        if getattr(module, "gradient_checkpointing", False) is True:
-            function = getattr(module, "_gradient_checkpointing_func", None)
-            if getattr(function, "keywords", {}).get("use_reentrant", True) is not False:
-                return True
-    return False
-
-
-def _routes_experts(config) -> bool:
-    return any(getattr(config, name, None) for name in ("num_experts", "num_local_experts", "n_routed_experts"))
-
-
 class SharedPrefixForward:
     """The trainer's `_get_per_token_logps_and_entropies` with the shared-prefix forward (`SeedGRPOConfig.shared_prefix`).
 
@@ -374,7 +359,8 @@ class SharedPrefixForward:
             )  # fmt: skip
         batch_size = batch_size or input_ids.size(0)
         cost = forward_cost(self.accelerator.unwrap_model(model).config)
-        split = self._calls_may_split(model)
+        # a distributed model: one call a micro-batch under gradient, the same on every rank (module docstring)
+        split = not torch.is_grad_enabled() or self.accelerator.distributed_type == DistributedType.NO
         logps, entropies, computed, packed_any = [], [], 0, False
         for start in range(0, input_ids.size(0), batch_size):
             ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
@@ -397,19 +383,6 @@ class SharedPrefixForward:
             metrics = self._metrics["train" if model.training else "eval"]
             metrics["shared_prefix/token_share"].append(computed / input_ids.numel())
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
-
-    def _calls_may_split(self, model) -> bool:
-        """Whether a micro-batch's sequences may run in several model calls (`_calls`). Without gradient, or on one
-        process, always. Under DDP, while each trained parameter's gradient hook fires once a backward:
-        reentrant checkpointing runs a backward per call and layer (a second call fires the hooks again), a static
-        graph expects the same forward every step, and a router may leave a parameter out of one call (DDP then
-        counts it unused and ready, and its hook fires anyway). Other wrappers (DeepSpeed, FSDP): one call."""
-        if not torch.is_grad_enabled():
-            return True
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            inner = self.accelerator.unwrap_model(model)
-            return not (model.static_graph or _checkpoints_reentrant(inner) or _routes_experts(inner.config))
-        return self.accelerator.distributed_type == DistributedType.NO
 
     def _shared_prefix_refusal(self, model, compute_aux_loss, inputs) -> str | None:
         if not getattr(self.args, "shared_prefix", False):
