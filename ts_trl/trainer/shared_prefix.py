@@ -32,9 +32,9 @@ The forward goes through TRL's fused LM head (`model(..., shift_labels=, fused_l
 mask and explicit position ids. A distributed model (DDP, DeepSpeed) is called once a micro-batch under gradient, as
 TRL calls it: each rank lays out its own micro-batch, and DDP's forward is a collective (it broadcasts the module's
 buffers), so ranks that split differently would wait on each other; reentrant checkpointing would also fire DDP's
-gradient hooks again a call. Where
-packing cannot be exact (vision inputs, MoE aux loss, attention kernels that ignore a 4D mask, sliding windows, rows
-padded otherwise than TRL pads them), saves nothing or costs more, TRL's own forward runs, with one warning per reason.
+gradient hooks again at each call. Where packing cannot be exact (vision inputs, MoE aux loss, attention kernels that
+ignore a 4D mask, sliding windows, rows padded otherwise than TRL pads them), saves nothing or costs more, TRL's own
+forward runs, with one warning per reason.
 """
 
 from __future__ import annotations
