@@ -6,7 +6,7 @@ Round 1's script (research/smollm2/analyze.py) with round 2's protocol: RNG seed
 probe-picked one, and `paper` where it ran) against `none`, Holm over every (arm, endpoint) test, the smallest
 detectable difference after Holm, and the plateau check. Committed before any run existed.
 
-Reads each run's `metrics.jsonl` (training logs) and `learning_curve.csv` (held-out pass@1 at steps 0, 10, ..., 40),
+Reads each run's `metrics.jsonl` (training logs) and `learning_curve.csv` (held-out pass@1 at steps 0, 20, ..., 80),
 prints the record's tables as Markdown, and writes `summary.json` and `curves.png` beside the runs. Written and
 committed before any run's data was read; it decides nothing the protocol does not fix.
 
